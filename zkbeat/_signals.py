@@ -1,0 +1,44 @@
+"""Hold beat's shutdown signals over a stretch that must not be cut in two."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["hold_shutdown_signals"]
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def hold_shutdown_signals(signums: tuple[signal.Signals, ...] = SHUTDOWN_SIGNALS) -> Iterator[list[int]]:
+    """Record SIGTERM/SIGINT inside the block and deliver them right after it.
+
+    celery beat handles SIGTERM by raising SystemExit from wherever the main
+    thread is. Between the ledger commit and the publish that would leave a
+    tick recorded as run that was never sent, and the next leader would skip
+    it. Blocking the signals with a mask would not work: the process-wide
+    signal then lands on one of kazoo's threads and Python still runs the
+    handler in the main thread. So the handlers are swapped for a recorder,
+    and the recorded signals are raised again once the old handlers are back.
+
+    Off the main thread (where handlers cannot be changed) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    pending: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    previous = {signum: signal.signal(signum, record) for signum in signums}
+    try:
+        yield pending
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)

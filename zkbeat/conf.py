@@ -1,0 +1,210 @@
+"""The ``zkbeat_*`` settings: names, defaults, validation, in one place.
+
+Settings are read once from the Celery app's configuration (so Django's
+``CELERY_ZKBEAT_*`` names work through Celery's namespace) into a frozen
+:class:`Settings`. Every bad value fails here, at start-up, with an error
+that names the setting and the value, never later inside the beat loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kazoo.hosts import collect_hosts
+
+from .exceptions import ConfigurationError
+
+__all__ = ["Settings", "DEFAULT_HOSTS", "DEFAULT_SESSION_TIMEOUT", "read_settings"]
+
+DEFAULT_HOSTS = "127.0.0.1:2181"
+DEFAULT_SESSION_TIMEOUT = 10.0
+#: kazoo's own reconnect back-off doubles up to a minute; after a ZooKeeper
+#: outage a replica would then idle for tens of seconds with ZooKeeper back.
+RECONNECT_MAX_DELAY = 1.0
+#: Per-entry override, read from ``options`` and removed before publish.
+ENTRY_MISFIRE_OPTION = "zkbeat_misfire_grace_time"
+
+_REDACTED = "<redacted>"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated zkbeat settings; build it with :func:`read_settings`."""
+
+    hosts: str = DEFAULT_HOSTS
+    root: str = "/zkbeat/default"
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
+    identity: str = ""
+    misfire_grace_time: float | None = None
+    auth: tuple[tuple[str, str], ...] = ()
+    use_ssl: bool = False
+    ssl_ca: str | None = None
+    ssl_cert: str | None = None
+    ssl_key: str | None = None
+
+    def __repr__(self) -> str:
+        # Credentials never reach a log line or a traceback through repr().
+        auth = [(scheme, _REDACTED) for scheme, _ in self.auth]
+        return (
+            f"Settings(hosts={self.hosts!r}, root={self.root!r}, "
+            f"session_timeout={self.session_timeout!r}, identity={self.identity!r}, "
+            f"misfire_grace_time={self.misfire_grace_time!r}, auth={auth!r}, "
+            f"use_ssl={self.use_ssl!r})"
+        )
+
+
+def read_settings(
+    conf: Mapping[str, Any],
+    app_name: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read and validate every ``zkbeat_*`` setting from ``conf``.
+
+    ``conf`` is a Celery ``app.conf`` or any mapping; ``environ`` defaults to
+    ``os.environ`` and supplies ``ZKBEAT_HOSTS`` when ``zkbeat_hosts`` is unset.
+    """
+    environ = os.environ if environ is None else environ
+
+    def get(name: str) -> Any:
+        return conf.get(name)
+
+    hosts = get("zkbeat_hosts") or environ.get("ZKBEAT_HOSTS") or DEFAULT_HOSTS
+    use_ssl = _parse_bool("zkbeat_use_ssl", get("zkbeat_use_ssl"))
+    return Settings(
+        hosts=parse_hosts("zkbeat_hosts", hosts),
+        root=parse_root("zkbeat_root", get("zkbeat_root") or default_root(app_name)),
+        session_timeout=_parse_session_timeout(get("zkbeat_session_timeout")),
+        identity=_parse_identity(get("zkbeat_identity")),
+        misfire_grace_time=parse_misfire_grace_time("zkbeat_misfire_grace_time", get("zkbeat_misfire_grace_time")),
+        auth=_parse_auth(get("zkbeat_auth")),
+        use_ssl=use_ssl,
+        ssl_ca=_parse_file("zkbeat_ssl_ca", get("zkbeat_ssl_ca")),
+        ssl_cert=_parse_file("zkbeat_ssl_cert", get("zkbeat_ssl_cert")),
+        ssl_key=_parse_file("zkbeat_ssl_key", get("zkbeat_ssl_key")),
+    )
+
+
+def default_root(app_name: str | None) -> str:
+    """``/zkbeat/<app.main>``: apps with different names never share a ledger."""
+    name = (app_name or "").strip()
+    if not name or name == "__main__":
+        name = "default"
+    return "/zkbeat/" + name.replace("/", "_")
+
+
+def parse_hosts(setting: str, value: Any) -> str:
+    """A ZooKeeper connect string ``host:port,host:port[/chroot]``."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(setting, value, "expected 'host:port[,host:port...][/chroot]'")
+    value = value.strip()
+    try:
+        pairs, chroot = collect_hosts(value)
+    except ValueError as exc:
+        raise ConfigurationError(setting, value, f"cannot parse connect string ({exc})") from None
+    for host, port in pairs:
+        if not host or not 0 < port < 65536:
+            raise ConfigurationError(setting, value, f"bad host or port {host!r}:{port}")
+    if chroot is not None:
+        parse_root(setting, chroot)
+    return value
+
+
+def parse_root(setting: str, value: Any) -> str:
+    """An absolute znode path without a trailing slash or empty parts."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigurationError(setting, value, "expected an absolute znode path like '/zkbeat/proj'")
+    parts = value.split("/")[1:]
+    if value != "/" and any(part in ("", ".", "..") for part in parts):
+        raise ConfigurationError(setting, value, "empty, '.' or '..' path components are not allowed")
+    if any(ch == "\x00" or ord(ch) < 0x20 for ch in value):
+        raise ConfigurationError(setting, value, "control characters are not allowed in a znode path")
+    return value.rstrip("/") or "/"
+
+
+def parse_misfire_grace_time(setting: str, value: Any) -> float | None:
+    """``None`` (catch up once, Celery's rule) or a number of seconds ≥ 0."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    seconds = _parse_number(setting, value, "None or a number of seconds >= 0")
+    if seconds < 0:
+        raise ConfigurationError(setting, value, "must be None or a number of seconds >= 0")
+    return seconds
+
+
+def _parse_session_timeout(value: Any) -> float:
+    if value is None:
+        return DEFAULT_SESSION_TIMEOUT
+    seconds = _parse_number("zkbeat_session_timeout", value, "a number of seconds > 0")
+    if seconds <= 0:
+        raise ConfigurationError("zkbeat_session_timeout", value, "must be a number of seconds > 0")
+    return seconds
+
+
+def _parse_number(setting: str, value: Any, expected: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigurationError(setting, value, f"expected {expected}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(setting, value, f"expected {expected}") from None
+    if not math.isfinite(number):
+        raise ConfigurationError(setting, value, f"expected {expected}")
+    return number
+
+
+def _parse_identity(value: Any) -> str:
+    if value is None:
+        return f"{socket.gethostname()}:{os.getpid()}"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError("zkbeat_identity", value, "expected a non-empty string")
+    return value.strip()
+
+
+def _parse_bool(setting: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise ConfigurationError(setting, value, "expected true or false")
+
+
+def _parse_file(setting: str, value: Any) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigurationError(setting, value, "expected a file path")
+    path = os.fspath(value)
+    if not os.path.isfile(path):
+        raise ConfigurationError(setting, path, "file does not exist")
+    return path
+
+
+def _parse_auth(value: Any) -> tuple[tuple[str, str], ...]:
+    if not value:
+        return ()
+    bad = ConfigurationError(
+        "zkbeat_auth", _REDACTED, "expected a list of (scheme, credential) pairs, e.g. [('digest', 'user:secret')]"
+    )
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise bad
+    pairs = []
+    for item in value:
+        if isinstance(item, (str, bytes)) or len(item) != 2:
+            raise bad
+        scheme, credential = item
+        if not isinstance(scheme, str) or not isinstance(credential, str) or not scheme or not credential:
+            raise bad
+        if scheme == "digest" and ":" not in credential:
+            raise ConfigurationError("zkbeat_auth", _REDACTED, "a digest credential is 'user:password'")
+        pairs.append((scheme, credential))
+    return tuple(pairs)

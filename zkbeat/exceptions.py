@@ -1,0 +1,53 @@
+"""zkbeat's errors: one root class, a few named subclasses (kazoo's shape)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ZkBeatError",
+    "ConfigurationError",
+    "LedgerError",
+    "FencedError",
+    "ClaimConflictError",
+]
+
+
+class ZkBeatError(Exception):
+    """Root of every error zkbeat raises on purpose."""
+
+
+class ConfigurationError(ZkBeatError, ValueError):
+    """A ``zkbeat_*`` setting has a value zkbeat cannot use.
+
+    The message always names the setting and the bad value, so beat fails at
+    start-up with something an operator can act on.
+    """
+
+    def __init__(self, setting: str, value: object, reason: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{setting}={value!r}: {reason}")
+
+
+class LedgerError(ZkBeatError):
+    """The run ledger refused a claim; nothing in it was published."""
+
+
+class FencedError(LedgerError):
+    """The claim's fence failed: this replica's candidate znode is gone.
+
+    It is no longer the leader (session expired, stepped down, or deleted from
+    outside), whatever its local state still says.
+    """
+
+
+class ClaimConflictError(LedgerError):
+    """An entry's znode changed since it was read: someone else wrote it.
+
+    Carries the entry names whose version check failed, so the caller can
+    re-read exactly those.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        super().__init__(f"ledger entries changed underneath us: {', '.join(names)}")

@@ -1,0 +1,273 @@
+"""The run ledger: each entry's last run, kept in ZooKeeper, claimed fenced.
+
+Layout (v1)::
+
+    <root>/v1/entries/<entry name, percent-quoted>
+        JSON {last_run_at, total_run_count, epoch, updated_at, slot}
+
+A claim writes the new state of one or many due entries in ONE ZooKeeper
+transaction that also checks the leader's own candidate znode still exists.
+ZooKeeper applies all of it or none of it, so a replica that has lost
+leadership (session gone, stepped down) cannot record a run, and so never
+publishes one: the transaction is the fence, whatever the replica's local
+state believes. Each entry write is compare-and-set on the znode's version,
+so a run recorded by someone else is never overwritten blindly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, unquote
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+)
+
+from .exceptions import ClaimConflictError, FencedError
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "EntryState",
+    "LedgerRecord",
+    "Claim",
+    "ClaimResult",
+    "Ledger",
+    "encode_name",
+    "decode_name",
+    "encode_state",
+    "decode_state",
+]
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_VERSION = "v1"
+#: Version to pass for an entry that has no znode yet (create, not set).
+ABSENT = -1
+#: ZooKeeper rejects requests above jute.maxbuffer (1 MiB by default); stay
+#: well below it when packing many claims into one transaction.
+_MAX_TRANSACTION_BYTES = 512 * 1024
+_MAX_TRANSACTION_OPS = 1000
+_OP_OVERHEAD = 64
+
+
+def encode_name(name: str) -> str:
+    """Entry name -> one znode path component (any name, including '/')."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"entry name must be a non-empty string, got {name!r}")
+    encoded = quote(name, safe="")
+    if encoded in (".", ".."):  # reserved path components in ZooKeeper
+        encoded = encoded.replace(".", "%2E")
+    return encoded
+
+
+def decode_name(component: str) -> str:
+    return unquote(component)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).isoformat()
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp without a timezone: {value!r}")
+    return parsed.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """What the ledger knows about one entry after its last claim."""
+
+    last_run_at: datetime
+    total_run_count: int = 0
+    epoch: int | None = None
+    updated_at: datetime | None = None
+    #: The due time of the last tick claimed (published or skipped).
+    slot: datetime | None = None
+
+
+def encode_state(state: EntryState) -> bytes:
+    return json.dumps(
+        {
+            "last_run_at": _iso(state.last_run_at),
+            "total_run_count": state.total_run_count,
+            "epoch": state.epoch,
+            "updated_at": _iso(state.updated_at),
+            "slot": _iso(state.slot),
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def decode_state(raw: bytes) -> EntryState:
+    """Parse a ledger znode; ValueError for anything zkbeat did not write."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    count = data.get("total_run_count", 0)
+    epoch = data.get("epoch")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"bad total_run_count {count!r}")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+        raise ValueError(f"bad epoch {epoch!r}")
+    last_run_at = _parse_time(data.get("last_run_at"))
+    if last_run_at is None:
+        raise ValueError("missing last_run_at")
+    return EntryState(
+        last_run_at=last_run_at,
+        total_run_count=count,
+        epoch=epoch,
+        updated_at=_parse_time(data.get("updated_at")),
+        slot=_parse_time(data.get("slot")),
+    )
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """An entry's znode as read: its state (None if unreadable) and version."""
+
+    state: EntryState | None
+    version: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Write ``state`` for ``name`` if its znode is still at ``version``."""
+
+    name: str
+    state: EntryState
+    version: int = ABSENT
+
+
+@dataclass
+class ClaimResult:
+    """Which claims committed (with their new znode versions) and why the rest did not."""
+
+    committed: dict[str, int]
+    error: FencedError | ClaimConflictError | None = None
+
+
+class Ledger:
+    """The entries of one zkbeat root. Holds no state of its own between calls."""
+
+    def __init__(self, client: KazooClient, root: str, timeout: float = 10.0) -> None:
+        self.client = client
+        self.path = f"{root.rstrip('/')}/{LAYOUT_VERSION}/entries"
+        self.timeout = timeout
+
+    def entry_path(self, name: str) -> str:
+        return f"{self.path}/{encode_name(name)}"
+
+    def ensure(self) -> None:
+        self.client.ensure_path(self.path)
+
+    def load(self, names: Iterable[str] | None = None) -> dict[str, LedgerRecord]:
+        """Read entries (all, or ``names``) with pipelined reads.
+
+        Every get is sent before the first reply is awaited, so loading 10,000
+        entries costs about one round trip plus transfer, not 10,000 of them.
+        A znode zkbeat cannot parse is logged and returned with state None.
+        """
+        if names is None:
+            try:
+                components = self.client.get_children(self.path)
+            except NoNodeError:
+                return {}
+            pending = [(decode_name(c), f"{self.path}/{c}") for c in components]
+        else:
+            pending = [(name, self.entry_path(name)) for name in names]
+        requests = [(name, path, self.client.get_async(path)) for name, path in pending]
+        records: dict[str, LedgerRecord] = {}
+        for name, path, request in requests:
+            try:
+                raw, stat = request.get(timeout=self.timeout)
+            except NoNodeError:
+                continue
+            try:
+                state: EntryState | None = decode_state(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                logger.warning(
+                    "zkbeat: ledger znode %s holds data zkbeat cannot read (%s); treating it as no state",
+                    path,
+                    exc,
+                )
+                state = None
+            records[name] = LedgerRecord(state, stat.version)
+        return records
+
+    def claim(self, claims: list[Claim], fence: str) -> ClaimResult:
+        """Commit ``claims`` fenced on the candidate znode ``fence``.
+
+        Claims are packed into as few transactions as ZooKeeper's request size
+        allows (usually one). Each transaction is all-or-nothing; the first
+        that fails stops the rest. ConnectionLoss and timeouts propagate: the
+        outcome of that transaction is then unknown to the caller.
+        """
+        result = ClaimResult(committed={})
+        for chunk in _chunks(claims, self.entry_path):
+            transaction = self.client.transaction()
+            transaction.check(fence, -1)
+            for claim, path in chunk:
+                data = encode_state(claim.state)
+                if claim.version == ABSENT:
+                    transaction.create(path, data)
+                else:
+                    transaction.set_data(path, data, claim.version)
+            outcomes = transaction.commit_async().get(timeout=self.timeout)
+            error = _failure(outcomes, [claim for claim, _ in chunk], fence)
+            if error is not None:
+                result.error = error
+                return result
+            for claim, _ in chunk:
+                result.committed[claim.name] = 0 if claim.version == ABSENT else claim.version + 1
+        return result
+
+
+def _chunks(claims: list[Claim], entry_path) -> Iterable[list[tuple[Claim, str]]]:
+    chunk: list[tuple[Claim, str]] = []
+    size = 0
+    for claim in claims:
+        path = entry_path(claim.name)
+        cost = len(path.encode()) + 200 + _OP_OVERHEAD
+        if chunk and (size + cost > _MAX_TRANSACTION_BYTES or len(chunk) >= _MAX_TRANSACTION_OPS):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((claim, path))
+        size += cost
+    if chunk:
+        yield chunk
+
+
+def _failure(outcomes: list[Any], claims: list[Claim], fence: str) -> FencedError | ClaimConflictError | None:
+    """Name why a transaction rolled back, or None if it committed."""
+    failed = [
+        (index, outcome)
+        for index, outcome in enumerate(outcomes)
+        if isinstance(outcome, Exception) and not isinstance(outcome, RolledBackError)
+    ]
+    if not failed:
+        if any(isinstance(outcome, Exception) for outcome in outcomes):
+            return FencedError(f"transaction fenced on {fence} rolled back")
+        return None
+    index, outcome = failed[0]
+    if index == 0:
+        return FencedError(f"candidate {fence} is gone ({type(outcome).__name__}): not the leader any more")
+    if isinstance(outcome, (BadVersionError, NodeExistsError, NoNodeError)):
+        return ClaimConflictError([claims[index - 1].name])
+    return ClaimConflictError([claims[index - 1].name])

@@ -1,0 +1,521 @@
+"""Leadership and the fenced ledger as a mixin for any ``celery.beat.Scheduler``.
+
+``Scheduler`` is that mixin on Celery's base scheduler, with the schedule taken
+from ``beat_schedule``. Celery's own heap and ``is_due`` decide what is due;
+the mixin decides whether this replica may publish it, and records each tick
+in ZooKeeper before the message goes out.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from celery import beat
+from celery.utils.time import maybe_make_aware
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    SessionExpiredError,
+    ZookeeperError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
+
+from . import __version__
+from ._signals import hold_shutdown_signals
+from .conf import ENTRY_MISFIRE_OPTION, RECONNECT_MAX_DELAY, Settings, parse_misfire_grace_time, read_settings
+from .election import LeaderElection
+from .exceptions import ClaimConflictError, ConfigurationError, FencedError
+from .ledger import ABSENT, LAYOUT_VERSION, Claim, EntryState, Ledger, LedgerRecord
+
+__all__ = ["LeaderScheduleMixin", "Scheduler"]
+
+logger = logging.getLogger(__name__)
+
+#: Errors of a ZooKeeper conversation; none of them may end beat.
+ZOOKEEPER_ERRORS = (KazooException, ZookeeperError, KazooTimeoutError)
+#: Of those, the ones that say "the connection broke", not "ZooKeeper said no".
+CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
+#: Due entries claimed (and then published) per pass of the beat loop.
+MAX_BATCH = 5000
+#: Seconds before a leader retries after ZooKeeper or the broker failed it.
+RETRY_DELAY = 1.0
+
+
+class LeaderScheduleMixin:
+    """Publish only while leading, and only what the ledger let us claim.
+
+    Mixed in before a ``celery.beat.Scheduler`` subclass. Overrides
+    ``setup_schedule`` (connect), ``tick`` (follow or lead), ``close`` (hand
+    over) and ``info``; everything else is the host scheduler's.
+    """
+
+    #: ZooKeeper client class; tests may swap it.
+    Client = KazooClient
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        # No I/O here: beat builds a lazy instance only to print its banner.
+        self.zk_settings: Settings = read_settings(app.conf, app.main)
+        self.zk_client: KazooClient | None = None
+        self.election: LeaderElection | None = None
+        self.ledger: Ledger | None = None
+        self._leading = False
+        self._epoch: int | None = None
+        self._fence: str | None = None
+        self._versions: dict[str, int] = {}
+        self._unconfirmed: dict[str, tuple[beat.ScheduleEntry, beat.ScheduleEntry, datetime, EntryState]] = {}
+        self._closed = False
+        if kwargs.get("schedule_filename"):
+            logger.debug(
+                "zkbeat: ignoring -s %s: the ZooKeeper ledger replaces the shelve file", kwargs["schedule_filename"]
+            )
+        super().__init__(app, *args, **kwargs)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        self._connect()
+
+    def _connect(self) -> None:
+        settings = self.zk_settings
+        options: dict[str, Any] = {}
+        if settings.auth:
+            options["auth_data"] = list(settings.auth)
+            digests = [c for scheme, c in settings.auth if scheme == "digest"]
+            if digests:
+                user, _, password = digests[0].partition(":")
+                options["default_acl"] = [make_digest_acl(user, password, all=True)]
+        if settings.use_ssl:
+            options.update(use_ssl=True, ca=settings.ssl_ca, certfile=settings.ssl_cert, keyfile=settings.ssl_key)
+        self.zk_client = self.Client(
+            hosts=settings.hosts,
+            timeout=settings.session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=RECONNECT_MAX_DELAY),
+            **options,
+        )
+        self.ledger = Ledger(self.zk_client, settings.root, timeout=settings.session_timeout)
+        self.election = LeaderElection(
+            self.zk_client,
+            f"{settings.root}/{LAYOUT_VERSION}/election",
+            {
+                "identity": settings.identity,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": datetime.now(timezone.utc).isoformat(),
+                "version": __version__,
+            },
+        )
+        logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
+        # start_async: an unreachable ZooKeeper is retried in the background;
+        # until it answers this replica is simply a follower.
+        self.zk_client.start_async()
+        self.election.start()
+
+    def close(self) -> None:
+        """Hand leadership over first (delete the candidate), then close.
+
+        Celery calls this twice on SIGTERM; the second call only repeats the
+        host scheduler's close, which is idempotent.
+        """
+        if not self._closed:
+            self._closed = True
+            if self._leading:
+                self._demote("shutting down")
+            if self.election is not None:
+                self.election.close()
+            if self.zk_client is not None:
+                try:
+                    self.zk_client.stop()
+                    self.zk_client.close()
+                except Exception:  # noqa: BLE001 - shutdown must finish
+                    logger.debug("zkbeat: error stopping the ZooKeeper client", exc_info=True)
+        super().close()
+
+    @property
+    def info(self) -> str:
+        s = self.zk_settings
+        return f"    . zkbeat -> {s.hosts}{s.root} as {s.identity} (session {s.session_timeout:g}s)"
+
+    # -- the loop ----------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Follow (wait for leadership) or lead (claim, then publish what is due)."""
+        election = self.election
+        if election is None or self._closed:
+            return self.max_interval
+        if not election.is_leader:
+            if self._leading:
+                self._demote("lost leadership")
+            # Wake the moment the election's watch makes us leader; beat's
+            # loop comes straight back because we return 0.
+            election.wait_for_leadership(self.max_interval)
+            return 0
+        try:
+            if not self._leading or self._epoch != election.epoch:
+                self._promote()
+            return self._leader_tick()
+        except FencedError as exc:
+            logger.warning("zkbeat: claim fenced, publishing nothing (epoch %s): %s", self._epoch, exc)
+            self._demote("fenced")
+            election.recheck()
+            return 0
+        except CONNECTION_ERRORS as exc:
+            # The election hears about the connection too; re-verify before
+            # leading again (same session: we resume, new one: we rejoin).
+            logger.warning("zkbeat: connection to ZooKeeper interrupted while leading (epoch %s): %r", self._epoch, exc)
+            self._demote("connection interrupted")
+            election.recheck()
+            return 0
+        except ZOOKEEPER_ERRORS as exc:
+            logger.warning("zkbeat: ZooKeeper error while leading (epoch %s): %r; stepping down", self._epoch, exc)
+            self._demote("ZooKeeper error")
+            election.step_down()
+            return RETRY_DELAY
+
+    def _promote(self) -> None:
+        assert self.election is not None and self.ledger is not None
+        started = time.monotonic()
+        epoch, fence = self.election.epoch, self.election.candidate
+        self.ledger.ensure()
+        records = self.ledger.load()
+        self._versions = {}
+        self._merge(records)
+        for name in self.schedule:
+            self._versions.setdefault(name, ABSENT)
+        self._heap = None
+        self._leading, self._epoch, self._fence = True, epoch, fence
+        logger.info(
+            "zkbeat: became leader (epoch %s) as %s; ledger of %d entries loaded in %.1f ms",
+            epoch,
+            self.zk_settings.identity,
+            len(records),
+            (time.monotonic() - started) * 1000,
+        )
+        if self._unconfirmed:
+            self._settle_unconfirmed(records)
+
+    def _demote(self, reason: str) -> None:
+        logger.info("zkbeat: stopped leading (epoch %s): %s", self._epoch, reason)
+        if self._unconfirmed:
+            logger.warning(
+                "zkbeat: claims whose commit was never confirmed are published when this replica leads "
+                "again, unless another leader has run those entries since: %s",
+                ", ".join(sorted(self._unconfirmed)),
+            )
+        self._leading = False
+        self._epoch = self._fence = None
+        self._versions = {}
+        self._heap = None
+
+    def _settle_unconfirmed(self, records: dict[str, LedgerRecord]) -> None:
+        """Publish our claims whose commit landed although its reply was lost.
+
+        If the ledger still holds exactly the state we wrote, the commit went
+        through and nobody has run the entry since (any leader in between saw
+        the tick as run and skipped it), so publishing it now, late, is the
+        only way it is not lost. Anything else means it was not ours to send.
+        """
+        producer = self.producer
+        with hold_shutdown_signals():
+            for name, (entry, next_entry, slot, state) in list(self._unconfirmed.items()):
+                del self._unconfirmed[name]
+                record = records.get(name)
+                if record is None or record.state != state:
+                    logger.info("zkbeat: unconfirmed claim of %s at %s did not commit", name, slot.isoformat())
+                    continue
+                logger.info("zkbeat: claim of %s at %s had committed; publishing it now", name, slot.isoformat())
+                self._versions[name] = record.version
+                if self._publish(entry, slot, producer):
+                    if name in self.schedule:
+                        self.schedule[name] = next_entry
+                else:
+                    self._revert(entry, Claim(name, state, record.version), record.version)
+        self._heap = None
+
+    def _merge(self, records: dict[str, LedgerRecord]) -> None:
+        """Trust the ledger over local memory: it is what the last leader did."""
+        for name, record in records.items():
+            entry = self.schedule.get(name)
+            if entry is None:
+                continue
+            self._versions[name] = record.version
+            state = record.state
+            if state is not None:
+                entry.last_run_at = _as_entry_time(entry, state.last_run_at)
+                entry.total_run_count = state.total_run_count
+
+    def _leader_tick(self) -> float:
+        """Celery's tick, batched: claim every due entry at once, then publish."""
+        if self._heap is None or not self.schedules_equal(self.old_schedulers, self.schedule):
+            self.old_schedulers = copy.copy(self.schedule)
+            self.populate_heap()
+        heap = self._heap
+        if not heap:
+            return self.max_interval
+        due: list[tuple[Any, beat.ScheduleEntry, float]] = []
+        later = []
+        while heap and len(due) < MAX_BATCH:
+            event = heap[0]
+            entry = event[2]
+            if event[0] > self._when(entry, 0):
+                break
+            heapq.heappop(heap)
+            try:
+                is_due, next_time = self.is_due(entry)
+            except Exception:  # noqa: BLE001 - one broken entry must not stop the rest
+                is_due, next_time = self._is_due_failed(entry)
+            if is_due:
+                due.append((event, entry, next_time))
+            else:
+                delay = next_time if isinstance(next_time, (int, float)) else self.max_interval
+                later.append(beat.event_t(self._when(entry, delay), event[1], entry))
+        for event in later:
+            heapq.heappush(heap, event)
+        if due:
+            self._run_due(due)
+        if len(due) >= MAX_BATCH:
+            return 0
+        if not heap:
+            return self.max_interval
+        top = heap[0]
+        return max(0.0, min(top[0] - self._when(top[2], 0), self.max_interval))
+
+    def _run_due(self, due: list[tuple[Any, beat.ScheduleEntry, float]]) -> None:
+        """Claim the due entries in one fenced transaction, publish what committed."""
+        assert self.ledger is not None and self._fence is not None
+        due = self._recheck_unknown(due)
+        now = datetime.now(timezone.utc)
+        ticks = [self._plan(event, entry, next_time, now) for event, entry, next_time in due]
+        if not ticks:
+            return
+        try:
+            producer = self.producer  # connect to the broker before signals are held
+        except Exception as exc:  # noqa: BLE001 - a broker outage must not end beat
+            logger.error("zkbeat: broker unavailable; %d due entries wait: %r", len(ticks), exc)
+            self.__dict__.pop("producer", None)
+            self.__dict__.pop("connection", None)
+            self._requeue([tick.retry_event(self, RETRY_DELAY) for tick in ticks])
+            return
+        requeue = []
+        with hold_shutdown_signals():
+            try:
+                result = self.ledger.claim([tick.claim for tick in ticks], self._fence)
+            except ZOOKEEPER_ERRORS:
+                # The commit may or may not have landed; remember what we wrote
+                # so that, leading again, we can tell whether it did.
+                for tick in ticks:
+                    if not tick.skip:
+                        self._unconfirmed[tick.entry.name] = (tick.entry, tick.next_entry, tick.slot, tick.claim.state)
+                self._requeue([tick.retry_event(self, RETRY_DELAY) for tick in ticks])
+                raise
+            for tick in ticks:
+                version = result.committed.get(tick.entry.name)
+                if version is None:
+                    requeue.append(tick.retry_event(self, 0))
+                    continue
+                self._versions[tick.entry.name] = version
+                if tick.skip:
+                    logger.warning(
+                        "zkbeat: skipping %s: its tick at %s is %.1fs late, past its misfire grace time (epoch %s)",
+                        tick.entry.name,
+                        tick.slot.isoformat(),
+                        (now - tick.slot).total_seconds(),
+                        self._epoch,
+                    )
+                elif not self._publish(tick.entry, tick.slot, producer):
+                    self._revert(tick.entry, tick.claim, version)
+                    requeue.append(tick.retry_event(self, RETRY_DELAY))
+                    continue
+                self.schedule[tick.entry.name] = tick.next_entry
+                requeue.append(
+                    beat.event_t(self._when(tick.next_entry, tick.next_time), tick.event[1], tick.next_entry)
+                )
+        self._requeue(requeue)
+        if isinstance(result.error, ClaimConflictError):
+            self._resolve_conflict(result.error.names)
+        if isinstance(result.error, FencedError):
+            raise result.error
+
+    def _plan(self, event: Any, entry: beat.ScheduleEntry, next_time: float, now: datetime) -> _Tick:
+        """Decide publish-or-skip for one due entry and the ledger state to claim."""
+        slot = tick_slot(entry)
+        grace = self._grace_time(entry)
+        skip = grace is not None and (now - slot).total_seconds() > grace
+        next_entry = next(entry)
+        if skip:
+            next_entry.total_run_count = entry.total_run_count  # a skip is not a run
+        state = EntryState(
+            last_run_at=maybe_make_aware(next_entry.last_run_at),
+            total_run_count=next_entry.total_run_count,
+            epoch=self._epoch,
+            updated_at=now,
+            slot=slot,
+        )
+        claim = Claim(entry.name, state, self._versions.get(entry.name, ABSENT))
+        return _Tick(event, entry, next_time, next_entry, slot, skip, claim)
+
+    def _recheck_unknown(self, due: list[tuple[Any, beat.ScheduleEntry, float]]) -> list:
+        """Entries that appeared after we became leader: read their ledger state first.
+
+        One may have been run by an earlier leader; if the ledger says so it is
+        not due after all, and goes back on the heap.
+        """
+        unknown = [entry.name for _, entry, _ in due if entry.name not in self._versions]
+        if not unknown:
+            return due
+        records = self.ledger.load(unknown)
+        self._merge(records)
+        for name in unknown:
+            self._versions.setdefault(name, ABSENT)
+        still_due, later = [], []
+        for event, entry, next_time in due:
+            if entry.name in records:
+                is_due, next_time = self.is_due(entry)
+                if not is_due:
+                    later.append(beat.event_t(self._when(entry, next_time), event[1], entry))
+                    continue
+            still_due.append((event, entry, next_time))
+        self._requeue(later)
+        return still_due
+
+    def _requeue(self, events: list[Any]) -> None:
+        if self._heap is not None:
+            for event in events:
+                heapq.heappush(self._heap, event)
+
+    def _resolve_conflict(self, names: list[str]) -> None:
+        """Someone else wrote these entries: re-read them and trust what they say."""
+        records = self.ledger.load(names)
+        for name in names:
+            if name not in self._unconfirmed:
+                logger.warning("zkbeat: ledger entry %s changed underneath epoch %s; re-reading it", name, self._epoch)
+            record = records.get(name)
+            self._versions[name] = record.version if record else ABSENT
+        self._merge(records)
+        if self._unconfirmed:
+            self._settle_unconfirmed(records)
+        self._heap = None
+
+    def _revert(self, entry: beat.ScheduleEntry, claim: Claim, version: int) -> None:
+        """Undo a claim whose publish failed, so the tick stays due."""
+        previous = EntryState(
+            last_run_at=maybe_make_aware(entry.last_run_at),
+            total_run_count=entry.total_run_count,
+            epoch=self._epoch,
+            updated_at=datetime.now(timezone.utc),
+        )
+        try:
+            result = self.ledger.claim([Claim(entry.name, previous, version)], self._fence)
+        except ZOOKEEPER_ERRORS as exc:
+            result = None
+            error: Exception | None = exc
+        else:
+            error = result.error
+        if error is None and result is not None:
+            self._versions[entry.name] = result.committed[entry.name]
+            logger.info("zkbeat: %s will be retried: its claim is withdrawn", entry.name)
+        else:
+            logger.error(
+                "zkbeat: the tick of %s at %s was recorded but not published, and could not be withdrawn (%r)",
+                entry.name,
+                claim.state.slot,
+                error,
+            )
+            self._versions.pop(entry.name, None)
+
+    def _publish(self, entry: beat.ScheduleEntry, slot: datetime, producer: Any) -> bool:
+        """Send one claimed tick; False (logged) if the broker refused it."""
+        slot_text = slot.isoformat()
+        options = dict(entry.options)
+        options.pop(ENTRY_MISFIRE_OPTION, None)
+        headers = dict(options.get("headers") or {})
+        headers.update({"zkbeat-entry": entry.name, "zkbeat-slot": slot_text, "zkbeat-epoch": self._epoch})
+        options["headers"] = headers
+        options["task_id"] = task_id_for(self.zk_settings.root, entry.name, slot)
+        sending = copy.copy(entry)
+        sending.options = options
+        logger.info(
+            "Scheduler: Sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, slot_text, self._epoch
+        )
+        try:
+            self.apply_async(sending, producer=producer, advance=False)
+        except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
+            logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
+            return False
+        return True
+
+    def _grace_time(self, entry: beat.ScheduleEntry) -> float | None:
+        if ENTRY_MISFIRE_OPTION in (entry.options or {}):
+            try:
+                return parse_misfire_grace_time(
+                    f"{entry.name}.options.{ENTRY_MISFIRE_OPTION}", entry.options[ENTRY_MISFIRE_OPTION]
+                )
+            except ConfigurationError as exc:
+                logger.error("zkbeat: %s; using zkbeat_misfire_grace_time instead", exc)
+        return self.zk_settings.misfire_grace_time
+
+
+@dataclass
+class _Tick:
+    """One due entry on its way through claim and publish."""
+
+    event: Any
+    entry: beat.ScheduleEntry
+    next_time: float
+    next_entry: beat.ScheduleEntry
+    slot: datetime
+    skip: bool
+    claim: Claim
+
+    def retry_event(self, scheduler: beat.Scheduler, delay: float) -> Any:
+        """The heap event that brings the unchanged entry back after ``delay``."""
+        return beat.event_t(scheduler._when(self.entry, delay), self.event[1], self.entry)
+
+
+def tick_slot(entry: beat.ScheduleEntry) -> datetime:
+    """The UTC time entry's due tick was planned for, from its last run alone.
+
+    The schedule's clock is pinned while it is asked, so every replica that
+    holds the same ``last_run_at`` (from the ledger) computes the same slot
+    to the microsecond; the slot names the tick in headers and task ids.
+    """
+    last_run_at = entry.last_run_at
+    pinned = datetime.now(timezone.utc)
+    try:
+        schedule = copy.copy(entry.schedule)
+        schedule.nowfun = lambda: pinned
+        slot = pinned + schedule.remaining_estimate(last_run_at)
+    except Exception:  # noqa: BLE001 - custom schedules may not support this
+        slot = pinned
+    return maybe_make_aware(slot).astimezone(timezone.utc)
+
+
+def task_id_for(root: str, name: str, slot: datetime) -> str:
+    """A task id that is the same for the same tick on every replica (uuid5)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"zkbeat:{root}:{name}:{slot.isoformat()}"))
+
+
+def _as_entry_time(entry: beat.ScheduleEntry, moment: datetime) -> datetime:
+    """Express a ledger time in the zone Celery's own entry uses."""
+    zone = maybe_make_aware(entry.default_now()).tzinfo
+    return moment.astimezone(zone)
+
+
+class Scheduler(LeaderScheduleMixin, beat.Scheduler):
+    """Celery's scheduler (schedule from ``beat_schedule``) with zkbeat's leadership.
+
+    ``celery -A proj beat --scheduler zkbeat.Scheduler``
+    """
