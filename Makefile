@@ -1,0 +1,58 @@
+# zkbeat: `make demo` shows the idea, `make test` proves it. Both install
+# what is missing first (Debian/Ubuntu packages and a local virtualenv).
+
+PYTHON      ?= python3
+VENV        ?= .venv
+BIN         := $(VENV)/bin
+APT_PACKAGES := zookeeper redis-server
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: help install system-deps test lint format demo bench clean
+
+help:
+	@echo "make demo     run 3 beat replicas on a local ZooKeeper + Redis, kill the leader, show what happened"
+	@echo "make test     install what is missing and run the whole suite against real servers"
+	@echo "make lint     ruff"
+	@echo "make bench    benchmarks side by side with celery beat and celery-redbeat"
+
+install: system-deps $(VENV)/.installed
+
+# Servers the tests and the demo start themselves: ZooKeeper (Debian's
+# package, on the installed Java) and redis-server.
+system-deps:
+	@missing=""; \
+	[ -f /usr/share/java/zookeeper.jar ] || missing="$$missing zookeeper"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v java >/dev/null || missing="$$missing zookeeper"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	fi
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,dev,django]'
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check zkbeat tests
+	$(BIN)/ruff format --check zkbeat
+
+format: install
+	$(BIN)/ruff check --fix zkbeat tests
+	$(BIN)/ruff format zkbeat
+
+demo: install
+	$(BIN)/python -m demo
+
+bench: install
+	@echo "make bench: the benchmark suite is not built yet (see the performance issue)"; exit 1
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,71 @@
+"""The Celery app the process tests run under ``celery beat``.
+
+Everything comes from the environment so each test can start replicas of the
+same "image" with its own ZooKeeper root, schedule and broker. Every publish
+is recorded to Redis from ``after_task_publish`` (it fires only once the
+message was handed to the broker), which is what the tests count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+
+import redis
+from celery import Celery
+from celery.signals import after_task_publish, before_task_publish
+
+app = Celery("beatapp")
+app.conf.update(
+    broker_url=os.environ["ZKBEAT_TEST_BROKER"],
+    broker_connection_retry_on_startup=True,
+    zkbeat_root=os.environ["ZKBEAT_TEST_ROOT"],
+    zkbeat_session_timeout=float(os.environ.get("ZKBEAT_TEST_SESSION_TIMEOUT", "2")),
+    zkbeat_identity=os.environ.get("ZKBEAT_TEST_IDENTITY"),
+    beat_max_loop_interval=float(os.environ.get("ZKBEAT_TEST_MAX_INTERVAL", "5")),
+    beat_schedule={
+        name: {"task": "beatapp.record", "schedule": timedelta(seconds=seconds), "args": (name,)}
+        for name, seconds in json.loads(os.environ.get("ZKBEAT_TEST_SCHEDULE", "{}")).items()
+    },
+)
+if os.environ.get("ZKBEAT_TEST_MISFIRE") is not None:
+    app.conf.zkbeat_misfire_grace_time = float(os.environ["ZKBEAT_TEST_MISFIRE"])
+
+_recorder = redis.Redis.from_url(os.environ["ZKBEAT_TEST_BROKER"])
+RECORD_KEY = os.environ.get("ZKBEAT_TEST_RECORD_KEY", "zkbeat-test:publishes")
+_sigterm_on_publish = [os.environ.get("ZKBEAT_TEST_SIGTERM_ON_PUBLISH") == "1"]
+
+
+@app.task(name="beatapp.record")
+def record(name: str) -> str:
+    return name
+
+
+@before_task_publish.connect
+def _sigterm_mid_publish(headers=None, **kwargs) -> None:
+    """Test hook: land a SIGTERM after the ledger commit, before the send."""
+    if _sigterm_on_publish[0] and headers and headers.get("zkbeat-entry"):
+        _sigterm_on_publish[0] = False
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@after_task_publish.connect
+def _record_publish(headers=None, **kwargs) -> None:
+    headers = headers or {}
+    _recorder.rpush(
+        RECORD_KEY,
+        json.dumps(
+            {
+                "entry": headers.get("zkbeat-entry"),
+                "slot": headers.get("zkbeat-slot"),
+                "epoch": headers.get("zkbeat-epoch"),
+                "task_id": headers.get("id"),
+                "pid": os.getpid(),
+                "identity": os.environ.get("ZKBEAT_TEST_IDENTITY"),
+                "at": time.time(),
+            }
+        ),
+    )

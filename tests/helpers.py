@@ -1,0 +1,33 @@
+"""Small helpers shared by tests.  Tests poll for conditions; they never sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 10,
+    interval: float = 0.02,
+    message: str | Callable[[], str] | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Raises AssertionError with ``message`` (a string, or a callable evaluated
+    at failure time so it can describe the latest state) after ``timeout``
+    seconds.  Exceptions raised by the predicate propagate immediately.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            what = text or getattr(predicate, "__name__", repr(predicate))
+            raise AssertionError(f"timed out after {timeout}s: {what}")
+        time.sleep(interval)

@@ -1,0 +1,211 @@
+"""Real ``celery beat`` replicas for the process tests, and the accounting.
+
+A replica is a separate ``celery -A tests.beatapp beat --scheduler
+zkbeat.Scheduler`` process; tests send it real signals (SIGKILL, SIGTERM,
+SIGSTOP/SIGCONT) and read what every replica published from Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Publish:
+    entry: str
+    slot: datetime
+    epoch: int
+    pid: int
+    identity: str
+    at: float
+    task_id: str
+
+
+class Replica:
+    """One ``celery beat`` process running zkbeat.Scheduler."""
+
+    def __init__(self, identity: str, env: dict[str, str], log_dir: Path) -> None:
+        self.identity = identity
+        self.log_path = log_dir / f"{identity}.log"
+        self._env = {**env, "ZKBEAT_TEST_IDENTITY": identity}
+        self.process: subprocess.Popen | None = None
+
+    def start(self, extra_env: dict[str, str] | None = None) -> Replica:
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.beatapp",
+                "beat",
+                "--scheduler",
+                "zkbeat.Scheduler",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env={**os.environ, **self._env, **(extra_env or {}), "PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float = 20) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def is_leader_by_log(self) -> bool:
+        """Leadership as the replica's own log tells it (last edge wins)."""
+        text = self.log()
+        became, stopped = text.rfind("zkbeat: became leader"), text.rfind("zkbeat: stopped leading")
+        return became > stopped
+
+    def stop(self) -> None:
+        if self.alive:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGKILL)
+            self.process.wait(10)
+
+
+class Cluster:
+    """N replicas of the same app (same image, same config) plus the record."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        zk_hosts: str,
+        broker: str,
+        root: str,
+        schedule: dict[str, float],
+        log_dir: Path,
+        session_timeout: float = 2.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.record_key = f"zkbeat-test:{root}"
+        env = {
+            "ZKBEAT_HOSTS": zk_hosts,
+            "ZKBEAT_TEST_BROKER": broker,
+            "ZKBEAT_TEST_ROOT": root,
+            "ZKBEAT_TEST_SCHEDULE": json.dumps(schedule),
+            "ZKBEAT_TEST_SESSION_TIMEOUT": str(session_timeout),
+            "ZKBEAT_TEST_RECORD_KEY": self.record_key,
+            **(extra_env or {}),
+        }
+        self.env = env
+        self.log_dir = log_dir
+        self.redis = redis.Redis.from_url(broker)
+        self.replicas = [Replica(f"replica-{i}", env, log_dir) for i in range(n)]
+        self._spawned = n
+
+    def start(self) -> Cluster:
+        for replica in self.replicas:
+            replica.start()
+        return self
+
+    def add(self, extra_env: dict[str, str] | None = None) -> Replica:
+        replica = Replica(f"replica-{self._spawned}", self.env, self.log_dir)
+        self._spawned += 1
+        self.replicas.append(replica)
+        return replica.start(extra_env)
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+    def publishes(self) -> list[Publish]:
+        rows = [json.loads(raw) for raw in self.redis.lrange(self.record_key, 0, -1)]
+        return [
+            Publish(
+                r["entry"],
+                datetime.fromisoformat(r["slot"]),
+                r["epoch"],
+                r["pid"],
+                r["identity"],
+                r["at"],
+                r["task_id"],
+            )
+            for r in rows
+        ]
+
+    def leader(self) -> Replica | None:
+        """The replica that published last (the one leading now, if any)."""
+        rows = self.publishes()
+        if not rows:
+            return None
+        pid = rows[-1].pid
+        return next((r for r in self.replicas if r.alive and r.pid == pid), None)
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {r.identity} =====\n{r.log()[-6000:]}" for r in self.replicas)
+
+
+def duplicates(publishes: list[Publish]) -> list[tuple[str, datetime]]:
+    """(entry, slot) pairs published more than once."""
+    counts = Counter((p.entry, p.slot) for p in publishes)
+    return [key for key, n in counts.items() if n > 1]
+
+
+def too_close(publishes: list[Publish], interval: float, fraction: float = 0.5) -> list[tuple[str, float]]:
+    """Consecutive slots of one entry closer than ``fraction`` of its interval.
+
+    Celery's interval schedules count from the actual last run, so a repeat of
+    a tick under another slot name would show up here even if slots differ.
+    """
+    found = []
+    for entry, slots in slots_by_entry(publishes).items():
+        for a, b in zip(slots, slots[1:]):
+            gap = (b - a).total_seconds()
+            if gap < interval * fraction:
+                found.append((entry, gap))
+    return found
+
+
+def gaps(publishes: list[Publish], interval: float, allowance: float) -> list[tuple[str, datetime, float]]:
+    """Places where an entry went longer than ``interval + allowance`` between slots."""
+    found = []
+    for entry, slots in slots_by_entry(publishes).items():
+        for a, b in zip(slots, slots[1:]):
+            gap = (b - a).total_seconds()
+            if gap > interval + allowance:
+                found.append((entry, a, gap))
+    return found
+
+
+def slots_by_entry(publishes: list[Publish]) -> dict[str, list[datetime]]:
+    by_entry: dict[str, list[datetime]] = defaultdict(list)
+    for p in publishes:
+        by_entry[p.entry].append(p.slot)
+    return {entry: sorted(slots) for entry, slots in by_entry.items()}

@@ -1,0 +1,284 @@
+"""zkbeat.Scheduler in-process against real ZooKeeper and Redis: what the
+leader publishes, what it records, and what stops it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab, schedule
+from celery.signals import after_task_publish
+from kazoo.client import KazooClient
+
+from tests.helpers import wait_for
+from tests.servers import RedisServer, ZooKeeperServer, expire_session_quietly
+from zkbeat import ConfigurationError, Scheduler
+from zkbeat.election import LeaderElection
+from zkbeat.ledger import Claim, EntryState, Ledger
+from zkbeat.scheduler import task_id_for, tick_slot
+
+
+class Published:
+    """Messages handed to the broker by this process (after_task_publish)."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict] = []
+        after_task_publish.connect(self._record, weak=False)
+
+    def _record(self, headers=None, **kwargs) -> None:
+        self.headers.append(dict(headers or {}))
+
+    def entries(self) -> list[str]:
+        return [h.get("zkbeat-entry") for h in self.headers]
+
+    def close(self) -> None:
+        after_task_publish.disconnect(self._record)
+
+
+@pytest.fixture
+def published() -> Iterator[Published]:
+    recorder = Published()
+    yield recorder
+    recorder.close()
+
+
+@pytest.fixture
+def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str) -> Iterator:
+    made: list[Scheduler] = []
+
+    def make(entries: dict, hosts: str | None = None, **conf) -> Scheduler:
+        app = Celery("zkbeat-test", set_as_current=False)
+        app.conf.update(
+            broker_url=redis_server.url,
+            zkbeat_hosts=hosts or zk_server.hosts,
+            zkbeat_root=zk_root,
+            zkbeat_session_timeout=4,
+            zkbeat_identity=f"inproc-{len(made)}",
+            beat_max_loop_interval=0.5,
+            beat_schedule=entries,
+            **conf,
+        )
+        scheduler = Scheduler(app)
+        made.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in made:
+        scheduler.close()
+
+
+def lead(scheduler: Scheduler) -> None:
+    assert scheduler.election.wait_for_leadership(timeout=15)
+
+
+def every(seconds: float, **options) -> dict:
+    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), "options": options}
+
+
+def seed_ledger(zk_client: KazooClient, root: str, name: str, last_run_at: datetime, count: int = 7) -> None:
+    ledger = Ledger(zk_client, root)
+    ledger.ensure()
+    fence = zk_client.create(f"{root}/seed-fence", b"", ephemeral=True, makepath=True)
+    result = ledger.claim([Claim(name, EntryState(last_run_at, count, epoch=0, slot=last_run_at))], fence)
+    assert result.error is None
+    zk_client.delete(fence)
+
+
+def test_leader_publishes_with_headers_and_a_deterministic_task_id(make_scheduler, published: Published) -> None:
+    """A due entry is published once with zkbeat-entry/slot/epoch headers and a uuid5 task id per slot."""
+    scheduler = make_scheduler({"tidy": every(0.2)})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
+    headers = published.headers[0]
+    slot = datetime.fromisoformat(headers["zkbeat-slot"])
+    assert headers["zkbeat-entry"] == "tidy"
+    assert headers["zkbeat-epoch"] == scheduler.election.epoch
+    assert headers["id"] == task_id_for(scheduler.zk_settings.root, "tidy", slot)
+    record = scheduler.ledger.load(["tidy"])["tidy"]
+    assert record.state.slot == slot and record.state.epoch == scheduler.election.epoch
+
+
+def test_a_follower_neither_publishes_nor_writes_the_ledger(make_scheduler, published: Published,
+                                                            zk_client: KazooClient, zk_root: str) -> None:
+    """While another candidate leads, tick() waits and returns 0, and nothing reaches the broker or ZooKeeper."""
+    holder = LeaderElection(zk_client, f"{zk_root}/v1/election")
+    holder.start()
+    assert holder.wait_for_leadership(timeout=10)
+    try:
+        scheduler = make_scheduler({"tidy": every(0.1)})
+        wait_for(lambda: scheduler.election.candidate is not None)
+        for _ in range(4):
+            assert scheduler.tick() == 0
+        assert published.headers == []
+        assert zk_client.exists(f"{zk_root}/v1/entries") is None
+    finally:
+        holder.close()
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
+
+
+def test_new_leader_trusts_the_ledger_over_its_own_memory(make_scheduler, published: Published,
+                                                          zk_client: KazooClient, zk_root: str) -> None:
+    """An entry the previous leader just ran is not run again; one missed for two periods is caught up once."""
+    now = datetime.now(timezone.utc)
+    seed_ledger(zk_client, zk_root, "fresh", now - timedelta(seconds=1))
+    seed_ledger(zk_client, zk_root, "missed", now - timedelta(seconds=25))
+    scheduler = make_scheduler({"fresh": every(10), "missed": every(10)})
+    lead(scheduler)
+    for _ in range(5):
+        scheduler.tick()
+    assert published.entries() == ["missed"]
+    state = scheduler.ledger.load(["missed"])["missed"].state
+    assert state.total_run_count == 8
+    assert state.slot < now - timedelta(seconds=10), "the caught-up slot is the first one missed"
+
+
+def test_misfire_grace_time_skips_and_logs(make_scheduler, published: Published, zk_client: KazooClient,
+                                           zk_root: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A tick later than zkbeat_misfire_grace_time is skipped and logged; a per-entry option overrides it."""
+    long_ago = datetime.now(timezone.utc) - timedelta(seconds=100)
+    seed_ledger(zk_client, zk_root, "stale", long_ago)
+    seed_ledger(zk_client, zk_root, "patient", long_ago)
+    scheduler = make_scheduler(
+        {"stale": every(10), "patient": every(10, zkbeat_misfire_grace_time=1000)},
+        zkbeat_misfire_grace_time=5,
+    )
+    lead(scheduler)
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        for _ in range(5):
+            scheduler.tick()
+    assert published.entries() == ["patient"]
+    assert "zkbeat_misfire_grace_time" not in published.headers[0]
+    assert any("skipping stale" in r.getMessage() for r in caplog.records)
+    stale = scheduler.ledger.load(["stale"])["stale"].state
+    assert stale.total_run_count == 7, "a skipped tick is not counted as a run"
+    assert stale.last_run_at > long_ago + timedelta(seconds=90), "the skip is recorded so no leader replays it"
+
+
+def test_due_entries_are_claimed_in_one_transaction(make_scheduler, published: Published,
+                                                    zk_client: KazooClient, zk_root: str) -> None:
+    """200 entries due at once are recorded by a single ZooKeeper transaction (one zxid), then all published."""
+    long_ago = datetime.now(timezone.utc) - timedelta(seconds=60)
+    names = [f"job-{i:03d}" for i in range(200)]
+    ledger = Ledger(zk_client, zk_root)
+    ledger.ensure()
+    fence = zk_client.create(f"{zk_root}/seed-fence", b"", ephemeral=True)
+    assert ledger.claim([Claim(n, EntryState(long_ago, 0)) for n in names], fence).error is None
+    zk_client.delete(fence)
+    scheduler = make_scheduler({n: every(30) for n in names})
+    lead(scheduler)
+    scheduler.tick()
+    assert sorted(published.entries()) == names
+    zxids = {zk_client.exists(ledger.entry_path(n)).mzxid for n in names}
+    assert len(zxids) == 1
+
+
+def test_zombie_is_stopped_by_the_fence_alone(make_scheduler, published: Published, zk_server: ZooKeeperServer,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """With its listener held back (it still believes it leads), a leader whose session expired publishes nothing."""
+    scheduler = make_scheduler({"tidy": every(0.2)})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
+    before = len(published.headers)
+    election = scheduler.election
+    # Hold the listener back: kazoo never tells the election about the lost
+    # session, and its worker re-checks nothing, so the replica goes on
+    # believing it leads at the same epoch once kazoo has a new session.
+    scheduler.zk_client.remove_listener(election._on_connection_state)
+    monkeypatch.setattr(election, "_reconcile", lambda: None)
+    old_session = scheduler.zk_client.client_id
+    expire_session_quietly(*old_session, zk_server.hosts)
+    wait_for(lambda: scheduler.zk_client.connected and scheduler.zk_client.client_id[0] != old_session[0],
+             timeout=20, message="kazoo reconnected with a new session")
+    assert election.is_leader, "the test needs a replica that still believes it leads"
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        wait_for(lambda: scheduler.tick() is not None and not election.is_leader, timeout=10)
+        for _ in range(3):
+            scheduler.tick()
+    assert len(published.headers) == before
+    assert any("fenced" in r.getMessage() for r in caplog.records)
+
+
+def test_failed_publish_withdraws_its_claim(make_scheduler, published: Published,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """If the broker refuses a claimed tick, the claim is withdrawn so the tick stays due instead of lost."""
+    broken = every(0.2)
+    broken["args"] = (object(),)  # cannot be serialised: publish fails after the claim
+    scheduler = make_scheduler({"broken": broken, "fine": every(0.2)})
+    lead(scheduler)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(lambda: scheduler.tick() is not None and "fine" in published.entries(), timeout=10)
+    assert "broken" not in published.entries()
+    assert any("could not publish broken" in r.getMessage() for r in caplog.records)
+    assert any("broken will be retried" in r.getMessage() for r in caplog.records)
+    state = scheduler.ledger.load(["broken"])["broken"].state
+    assert state.total_run_count == 0
+    assert scheduler.election.is_leader, "a broker error must not cost leadership"
+
+
+def test_close_hands_over_and_is_idempotent(make_scheduler, zk_client: KazooClient) -> None:
+    """close() deletes the candidate (the handover) and may be called twice, as celery beat does on SIGTERM."""
+    scheduler = make_scheduler({"tidy": every(1)})
+    lead(scheduler)
+    candidate = scheduler.election.candidate
+    scheduler.close()
+    scheduler.close()
+    assert zk_client.exists(candidate) is None
+
+
+def test_unreachable_zookeeper_keeps_beat_alive_as_a_follower(make_scheduler, published: Published,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """With nothing listening at zkbeat_hosts, beat starts, logs where it connects, waits, and publishes nothing."""
+    from tests.servers import free_port
+
+    hosts = f"127.0.0.1:{free_port()}"
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        scheduler = make_scheduler({"tidy": every(0.1)}, hosts=hosts)
+        assert scheduler.tick() == 0
+        assert scheduler.tick() == 0
+    assert published.headers == []
+    assert any(hosts in r.getMessage() for r in caplog.records)
+
+
+def test_bad_setting_fails_before_any_io(redis_server: RedisServer) -> None:
+    """A bad zkbeat_* value stops beat at construction, naming the setting — even the lazy banner instance."""
+    app = Celery("zkbeat-test", set_as_current=False)
+    app.conf.update(broker_url=redis_server.url, zkbeat_session_timeout=-1)
+    with pytest.raises(ConfigurationError, match="zkbeat_session_timeout"):
+        Scheduler(app, lazy=True)
+
+
+def test_schedule_filename_is_accepted_and_ignored(make_scheduler, tmp_path) -> None:
+    """`-s file` is accepted for drop-in compatibility; no shelve file is written."""
+    app = Celery("zkbeat-test", set_as_current=False)
+    scheduler = Scheduler(app, lazy=True, schedule_filename=str(tmp_path / "celerybeat-schedule"))
+    scheduler.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_slot_depends_only_on_the_last_run() -> None:
+    """Two replicas holding the same last_run_at name the same slot, whenever they ask."""
+    app = Celery("zkbeat-test", set_as_current=False)
+    from celery.beat import ScheduleEntry
+
+    last = datetime(2026, 1, 5, 10, 0, 0, 123456, tzinfo=timezone.utc)
+    for sched, expected in (
+        (schedule(timedelta(seconds=30)), last + timedelta(seconds=30)),
+        (crontab(minute="*/15"), datetime(2026, 1, 5, 10, 15, tzinfo=timezone.utc)),
+    ):
+        entry = ScheduleEntry(name="e", task="t", schedule=sched, last_run_at=last, app=app)
+        assert tick_slot(entry) == expected
+        assert tick_slot(entry) == tick_slot(entry)
+
+
+def test_entry_point_alias_resolves() -> None:
+    """`celery beat --scheduler zkbeat` finds zkbeat.Scheduler through the celery.beat_schedulers entry point."""
+    from celery.utils.imports import load_extension_class_names
+    from celery.utils.imports import symbol_by_name
+
+    aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+    assert symbol_by_name("zkbeat", aliases=aliases) is Scheduler
