@@ -100,7 +100,7 @@ def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_server: Z
         taken = wait_for_new_leader(cluster, leader_pid, killed_at, timeout=SESSION + 15)
         leader_pid = taken.pid
         # Let the new leader publish a few ticks of its own before the next kill.
-        wait_for(lambda: len(publishes_by(cluster, leader_pid)) >= 6, timeout=20)
+        wait_for(lambda pid=leader_pid: len(publishes_by(cluster, pid)) >= 6, timeout=20)
     rows = cluster.publishes()
     assert len({p.epoch for p in rows}) == 4
     # A gap may span the detection window (session timeout, tick buckets),

@@ -277,8 +277,7 @@ def test_slot_depends_only_on_the_last_run() -> None:
 
 def test_entry_point_alias_resolves() -> None:
     """`celery beat --scheduler zkbeat` finds zkbeat.Scheduler through the celery.beat_schedulers entry point."""
-    from celery.utils.imports import load_extension_class_names
-    from celery.utils.imports import symbol_by_name
+    from celery.utils.imports import load_extension_class_names, symbol_by_name
 
     aliases = dict(load_extension_class_names("celery.beat_schedulers"))
     assert symbol_by_name("zkbeat", aliases=aliases) is Scheduler
