@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,11 +75,13 @@ def read_settings(
     def get(name: str) -> Any:
         return conf.get(name)
 
-    hosts = get("zkbeat_hosts") or environ.get("ZKBEAT_HOSTS") or DEFAULT_HOSTS
+    hosts = get("zkbeat_hosts")
+    if hosts is None:
+        hosts = environ.get("ZKBEAT_HOSTS") or DEFAULT_HOSTS
     use_ssl = _parse_bool("zkbeat_use_ssl", get("zkbeat_use_ssl"))
     return Settings(
         hosts=parse_hosts("zkbeat_hosts", hosts),
-        root=parse_root("zkbeat_root", get("zkbeat_root") or default_root(app_name)),
+        root=parse_root("zkbeat_root", _or_default(get("zkbeat_root"), default_root(app_name))),
         session_timeout=_parse_session_timeout(get("zkbeat_session_timeout")),
         identity=_parse_identity(get("zkbeat_identity")),
         misfire_grace_time=parse_misfire_grace_time("zkbeat_misfire_grace_time", get("zkbeat_misfire_grace_time")),
@@ -88,6 +91,11 @@ def read_settings(
         ssl_cert=_parse_file("zkbeat_ssl_cert", get("zkbeat_ssl_cert")),
         ssl_key=_parse_file("zkbeat_ssl_key", get("zkbeat_ssl_key")),
     )
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    """Unset (None) takes the default; an explicit empty value is an error, not a default."""
+    return default if value is None else value
 
 
 def default_root(app_name: str | None) -> str:
@@ -103,6 +111,8 @@ def parse_hosts(setting: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigurationError(setting, value, "expected 'host:port[,host:port...][/chroot]'")
     value = value.strip()
+    if re.search(r":0*(,|/|$)", value):
+        raise ConfigurationError(setting, value, "port 0 is not a ZooKeeper port")
     try:
         pairs, chroot = collect_hosts(value)
     except ValueError as exc:
@@ -119,12 +129,20 @@ def parse_root(setting: str, value: Any) -> str:
     """An absolute znode path without a trailing slash or empty parts."""
     if not isinstance(value, str) or not value.startswith("/"):
         raise ConfigurationError(setting, value, "expected an absolute znode path like '/zkbeat/proj'")
+    if value != "/" and value.endswith("/"):
+        value = value[:-1]
     parts = value.split("/")[1:]
     if value != "/" and any(part in ("", ".", "..") for part in parts):
         raise ConfigurationError(setting, value, "empty, '.' or '..' path components are not allowed")
-    if any(ch == "\x00" or ord(ch) < 0x20 for ch in value):
-        raise ConfigurationError(setting, value, "control characters are not allowed in a znode path")
-    return value.rstrip("/") or "/"
+    if any(_forbidden_in_path(ch) for ch in value):
+        raise ConfigurationError(setting, value, "character not allowed in a ZooKeeper path")
+    return value
+
+
+def _forbidden_in_path(ch: str) -> bool:
+    """ZooKeeper's own path rules (PathUtils.validatePath)."""
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xF8FF or 0xFFF0 <= code <= 0xFFFF
 
 
 def parse_misfire_grace_time(setting: str, value: Any) -> float | None:
@@ -153,7 +171,7 @@ def _parse_number(setting: str, value: Any, expected: str) -> float:
         raise ConfigurationError(setting, value, f"expected {expected}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigurationError(setting, value, f"expected {expected}") from None
     if not math.isfinite(number):
         raise ConfigurationError(setting, value, f"expected {expected}")
@@ -199,7 +217,7 @@ def _parse_auth(value: Any) -> tuple[tuple[str, str], ...]:
         raise bad
     pairs = []
     for item in value:
-        if isinstance(item, (str, bytes)) or len(item) != 2:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise bad
         scheme, credential = item
         if not isinstance(scheme, str) or not isinstance(credential, str) or not scheme or not credential:

@@ -84,6 +84,8 @@ def _iso(value: datetime | None) -> str | None:
 def _parse_time(value: Any) -> datetime | None:
     if value is None:
         return None
+    if not isinstance(value, str):
+        raise ValueError(f"timestamp is not a string: {value!r}")
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError(f"timestamp without a timezone: {value!r}")
