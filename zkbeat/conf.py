@@ -48,6 +48,9 @@ class Settings:
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
+    #: Port for Prometheus metrics and /healthz; None keeps them off.
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
 
     def __repr__(self) -> str:
         # Credentials never reach a log line or a traceback through repr().
@@ -90,6 +93,8 @@ def read_settings(
         ssl_ca=_parse_file("zkbeat_ssl_ca", get("zkbeat_ssl_ca")),
         ssl_cert=_parse_file("zkbeat_ssl_cert", get("zkbeat_ssl_cert")),
         ssl_key=_parse_file("zkbeat_ssl_key", get("zkbeat_ssl_key")),
+        metrics_port=_parse_port("zkbeat_metrics_port", get("zkbeat_metrics_port")),
+        metrics_address=_parse_address("zkbeat_metrics_address", get("zkbeat_metrics_address")),
     )
 
 
@@ -176,6 +181,28 @@ def _parse_number(setting: str, value: Any, expected: str) -> float:
     if not math.isfinite(number):
         raise ConfigurationError(setting, value, f"expected {expected}")
     return number
+
+
+def _parse_port(setting: str, value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ConfigurationError(setting, value, "expected a TCP port 1-65535 or None")
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(setting, value, "expected a TCP port 1-65535 or None") from None
+    if not 0 < port < 65536 or port != float(value):
+        raise ConfigurationError(setting, value, "expected a TCP port 1-65535 or None")
+    return port
+
+
+def _parse_address(setting: str, value: Any) -> str:
+    if value is None:
+        return "0.0.0.0"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(setting, value, "expected an address to bind, e.g. '0.0.0.0' or '127.0.0.1'")
+    return value.strip()
 
 
 def _parse_identity(value: Any) -> str:

@@ -20,6 +20,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -106,7 +107,8 @@ class LeaderElection:
     ) -> None:
         self.client = client
         self.path = path.rstrip("/")
-        self._data = json.dumps(dict(data or {}), sort_keys=True).encode()
+        self._info = dict(data or {})
+        self._data = self._encoded({})
         self._guid = uuid.uuid4().hex
         self._name = name
         self._state = LATENT
@@ -124,6 +126,9 @@ class LeaderElection:
         self._candidate_session: int | None = None
         self._step_down_requested = False
         self._thread: threading.Thread | None = None
+
+    def _encoded(self, extra: Mapping[str, Any]) -> bytes:
+        return json.dumps({**self._info, **extra}, sort_keys=True).encode()
 
     # -- public API --------------------------------------------------------
 
@@ -310,6 +315,11 @@ class LeaderElection:
             self._wake.set()
             return
         if position == 0:
+            if stat.version == 0:
+                # Say since when this candidate leads (for status tools); the
+                # write goes out asynchronously so the leader does not wait.
+                since = datetime.now(timezone.utc).isoformat()
+                client.set_async(self._candidate, self._encoded({"leader_since": since}), 0)
             self._leader_generation = generation
             self._leader = True
             self._leader_event.set()

@@ -30,15 +30,16 @@ from kazoo.exceptions import (
     ZookeeperError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry
-from kazoo.security import make_digest_acl
+from kazoo.protocol.states import KazooState
 
 from . import __version__
 from ._signals import hold_shutdown_signals
-from .conf import ENTRY_MISFIRE_OPTION, RECONNECT_MAX_DELAY, Settings, parse_misfire_grace_time, read_settings
+from ._zookeeper import make_client
+from .conf import ENTRY_MISFIRE_OPTION, Settings, parse_misfire_grace_time, read_settings
 from .election import LeaderElection
 from .exceptions import ClaimConflictError, ConfigurationError, FencedError
 from .ledger import ABSENT, LAYOUT_VERSION, Claim, EntryState, Ledger, LedgerRecord
+from .metrics import Metrics
 
 __all__ = ["LeaderScheduleMixin", "Scheduler"]
 
@@ -68,6 +69,7 @@ class LeaderScheduleMixin:
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         # No I/O here: beat builds a lazy instance only to print its banner.
         self.zk_settings: Settings = read_settings(app.conf, app.main)
+        self.metrics = Metrics(self.zk_settings)
         self.zk_client: KazooClient | None = None
         self.election: LeaderElection | None = None
         self.ledger: Ledger | None = None
@@ -91,21 +93,8 @@ class LeaderScheduleMixin:
 
     def _connect(self) -> None:
         settings = self.zk_settings
-        options: dict[str, Any] = {}
-        if settings.auth:
-            options["auth_data"] = list(settings.auth)
-            digests = [c for scheme, c in settings.auth if scheme == "digest"]
-            if digests:
-                user, _, password = digests[0].partition(":")
-                options["default_acl"] = [make_digest_acl(user, password, all=True)]
-        if settings.use_ssl:
-            options.update(use_ssl=True, ca=settings.ssl_ca, certfile=settings.ssl_cert, keyfile=settings.ssl_key)
-        self.zk_client = self.Client(
-            hosts=settings.hosts,
-            timeout=settings.session_timeout,
-            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=RECONNECT_MAX_DELAY),
-            **options,
-        )
+        self.zk_client = make_client(settings, self.Client)
+        self.zk_client.add_listener(self._on_connection_state)
         self.ledger = Ledger(self.zk_client, settings.root, timeout=settings.session_timeout)
         self.election = LeaderElection(
             self.zk_client,
@@ -123,6 +112,18 @@ class LeaderScheduleMixin:
         # until it answers this replica is simply a follower.
         self.zk_client.start_async()
         self.election.start()
+        self.metrics.serve()
+
+    def _on_connection_state(self, state: str) -> None:
+        """kazoo's listener: record and log only (it runs on kazoo's thread)."""
+        self.metrics.connection(state)
+        identity, epoch = self.zk_settings.identity, self._epoch
+        if state == KazooState.SUSPENDED:
+            logger.warning("zkbeat: connection to ZooKeeper suspended; not publishing (%s, epoch %s)", identity, epoch)
+        elif state == KazooState.LOST:
+            logger.warning("zkbeat: ZooKeeper session lost; rejoining the election (%s, epoch %s)", identity, epoch)
+        elif self._epoch is not None or self._leading:
+            logger.info("zkbeat: reconnected to ZooKeeper (%s)", identity)
 
     def close(self) -> None:
         """Hand leadership over first (delete the candidate), then close.
@@ -136,6 +137,7 @@ class LeaderScheduleMixin:
                 self._demote("shutting down")
             if self.election is not None:
                 self.election.close()
+            self.metrics.close()
             if self.zk_client is not None:
                 try:
                     self.zk_client.stop()
@@ -168,7 +170,12 @@ class LeaderScheduleMixin:
                 self._promote()
             return self._leader_tick()
         except FencedError as exc:
-            logger.warning("zkbeat: claim fenced, publishing nothing (epoch %s): %s", self._epoch, exc)
+            logger.warning(
+                "zkbeat: claim fenced, publishing nothing (%s, epoch %s): %s",
+                self.zk_settings.identity,
+                self._epoch,
+                exc,
+            )
             self._demote("fenced")
             election.recheck()
             return 0
@@ -197,6 +204,8 @@ class LeaderScheduleMixin:
             self._versions.setdefault(name, ABSENT)
         self._heap = None
         self._leading, self._epoch, self._fence = True, epoch, fence
+        self.metrics.leadership(True, epoch)
+        self.metrics.ledger_loaded(time.monotonic() - started)
         logger.info(
             "zkbeat: became leader (epoch %s) as %s; ledger of %d entries loaded in %.1f ms",
             epoch,
@@ -208,7 +217,8 @@ class LeaderScheduleMixin:
             self._settle_unconfirmed(records)
 
     def _demote(self, reason: str) -> None:
-        logger.info("zkbeat: stopped leading (epoch %s): %s", self._epoch, reason)
+        logger.info("zkbeat: stopped leading (%s, epoch %s): %s", self.zk_settings.identity, self._epoch, reason)
+        self.metrics.leadership(False, None)
         if self._unconfirmed:
             logger.warning(
                 "zkbeat: claims whose commit was never confirmed are published when this replica leads "
@@ -321,6 +331,10 @@ class LeaderScheduleMixin:
                         self._unconfirmed[tick.entry.name] = (tick.entry, tick.next_entry, tick.slot, tick.claim.state)
                 self._requeue([tick.retry_event(self, RETRY_DELAY) for tick in ticks])
                 raise
+            self.metrics.claims("committed", len(result.committed))
+            if result.error is not None:
+                kind = "fenced" if isinstance(result.error, FencedError) else "conflicted"
+                self.metrics.claims(kind, len(ticks) - len(result.committed))
             for tick in ticks:
                 version = result.committed.get(tick.entry.name)
                 if version is None:
@@ -329,10 +343,11 @@ class LeaderScheduleMixin:
                 self._versions[tick.entry.name] = version
                 if tick.skip:
                     logger.warning(
-                        "zkbeat: skipping %s: its tick at %s is %.1fs late, past its misfire grace time (epoch %s)",
+                        "zkbeat: skipping %s: its tick at %s is %.1fs late, past its misfire grace time (%s, epoch %s)",
                         tick.entry.name,
                         tick.slot.isoformat(),
                         (now - tick.slot).total_seconds(),
+                        self.zk_settings.identity,
                         self._epoch,
                     )
                 elif not self._publish(tick.entry, tick.slot, producer):
@@ -454,7 +469,9 @@ class LeaderScheduleMixin:
             self.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
             logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
+            self.metrics.publish_error()
             return False
+        self.metrics.published()
         return True
 
     def _grace_time(self, entry: beat.ScheduleEntry) -> float | None:

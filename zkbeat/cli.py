@@ -1,0 +1,290 @@
+"""The ``zkbeat`` command: status, step-down and health of a zkbeat cluster.
+
+Works from a Celery app (``zkbeat -A proj status``, reading its zkbeat_*
+settings as ``celery -A`` does), from flags (``--hosts``, ``--root``), and as
+``celery -A proj zkbeat status``. Exit status: 0 fine, 1 unhealthy or timed
+out, 2 cannot even ask (ZooKeeper unreachable, app not importable, bad flags).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, NoReturn
+
+import click
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoNodeError, ZookeeperError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from . import __version__
+from ._zookeeper import make_client
+from .conf import Settings, parse_hosts, parse_root, read_settings
+from .exceptions import ConfigurationError
+from .status import ClusterStatus, NotAZkbeatRoot, read_status
+
+__all__ = ["main", "celery_command"]
+
+#: Entries shown by `status` unless --all.
+ENTRY_LIMIT = 20
+
+
+@dataclass
+class Target:
+    """Which cluster a command talks to, and the app's schedule if known."""
+
+    settings: Settings
+    app: Any = None
+    timeout: float = 10.0
+
+    def schedule(self) -> dict[str, Any] | None:
+        if self.app is None:
+            return None
+        from celery.beat import ScheduleEntry
+
+        entries = {}
+        for name, spec in (self.app.conf.beat_schedule or {}).items():
+            try:
+                entries[name] = ScheduleEntry(**dict(spec, name=name, app=self.app))
+            except Exception:  # noqa: BLE001 - one bad entry must not hide the rest
+                continue
+        return entries
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    click.echo(f"zkbeat: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _connected(target: Target) -> Iterator[KazooClient]:
+    client = make_client(target.settings)
+    try:
+        client.start(timeout=target.timeout)
+    except (KazooTimeoutError, KazooException) as exc:
+        client.close()
+        _fail(2, f"cannot reach ZooKeeper at {target.settings.hosts} within {target.timeout:g}s ({exc or 'timeout'})")
+    try:
+        yield client
+    except (KazooException, ZookeeperError) as exc:
+        _fail(2, f"ZooKeeper at {target.settings.hosts} answered with an error: {type(exc).__name__}")
+    finally:
+        client.stop()
+        client.close()
+
+
+def _build_target(app_name: str | None, hosts: str | None, root: str | None, timeout: float, app: Any = None) -> Target:
+    if app is None and app_name:
+        from celery.app.utils import find_app
+
+        try:
+            app = find_app(app_name)
+        except Exception as exc:  # noqa: BLE001 - any import error is "cannot import the app"
+            _fail(2, f"cannot import the Celery app {app_name!r}: {exc}")
+    conf: dict[str, Any] = {}
+    if app is not None:
+        conf = {key: app.conf.get(key) for key in app.conf if key.startswith("zkbeat_")}
+    try:
+        if hosts:
+            conf["zkbeat_hosts"] = parse_hosts("--hosts", hosts)
+        if root:
+            conf["zkbeat_root"] = parse_root("--root", root)
+        settings = read_settings(conf, app.main if app is not None else None)
+    except ConfigurationError as exc:
+        _fail(2, str(exc))
+    return Target(settings=settings, app=app, timeout=timeout)
+
+
+def _target(ctx: click.Context) -> Target:
+    obj = ctx.find_object(Target)
+    if obj is not None:
+        return obj
+    # Run as `celery -A proj zkbeat ...`: Celery's context carries the app.
+    celery_ctx = ctx.find_root().obj
+    return _build_target(None, None, None, 10.0, app=getattr(celery_ctx, "app", None))
+
+
+@click.group(help=__doc__.split("\n\n")[0])
+@click.option("-A", "--app", "app_name", help="Celery app, as for `celery -A` (reads its zkbeat_* settings).")
+@click.option("--hosts", help="ZooKeeper connect string (overrides the app's zkbeat_hosts).")
+@click.option("--root", help="zkbeat root znode (overrides the app's zkbeat_root).")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for ZooKeeper.")
+@click.version_option(__version__, prog_name="zkbeat")
+@click.pass_context
+def main(ctx: click.Context, app_name: str | None, hosts: str | None, root: str | None, timeout: float) -> None:
+    _quiet_kazoo()
+    ctx.obj = _build_target(app_name, hosts, root, timeout)
+
+
+def _quiet_kazoo() -> None:
+    """kazoo logs every failed connect attempt; the command says it once, on one line."""
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+
+
+@click.group(name="zkbeat", help="zkbeat cluster status, step-down and health.")
+def celery_command() -> None:
+    """Entry point for `celery -A proj zkbeat ...`."""
+    _quiet_kazoo()
+
+
+def _read(target: Target, client: KazooClient) -> ClusterStatus:
+    try:
+        return read_status(client, target.settings.root, target.settings.hosts, target.schedule())
+    except NotAZkbeatRoot as exc:
+        _fail(1, str(exc))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help=f"Show every entry, not the {ENTRY_LIMIT} due soonest.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """Show the leader, every candidate in order, and each entry's runs."""
+    target = _target(ctx)
+    with _connected(target) as client:
+        found = _read(target, client)
+    if as_json:
+        click.echo(json.dumps(found.as_dict(), indent=2, sort_keys=True))
+        return
+    click.echo(_render(found, show_all))
+
+
+def _ago(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        return iso
+    seconds = (datetime.now(timezone.utc) - moment).total_seconds()
+    stamp = moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    if seconds >= 0:
+        return f"{stamp} ({_span(seconds)} ago)"
+    return f"{stamp} (in {_span(-seconds)})"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def _render(found: ClusterStatus, show_all: bool) -> str:
+    lines = [f"zkbeat root {found.root} on {found.hosts}"]
+    leader = found.leader
+    if leader is None:
+        lines.append("leader: none (no replica is in the election)")
+    else:
+        lines.append(
+            f"leader: {leader.identity or '?'} (host {leader.host or '?'}, pid {leader.pid or '?'}) "
+            f"epoch {leader.epoch}, leading since {_ago(leader.leader_since)}"
+        )
+    rows = [["#", "epoch", "identity", "host", "pid", "started", "version"]]
+    for place, c in enumerate(found.candidates, 1):
+        identity = c.identity or ("<unreadable data>" if not c.readable else "?")
+        rows.append([str(place), str(c.epoch), identity, c.host or "-", str(c.pid or "-"),
+                     _ago(c.started_at), c.version or "-"])
+    lines.append(f"candidates ({len(found.candidates)}):")
+    lines.extend(_table(rows) if found.candidates else ["  none"])
+    entries = sorted(found.entries, key=lambda e: (e.next_due is None, e.next_due or "", e.name))
+    shown = entries if show_all else entries[:ENTRY_LIMIT]
+    lines.append(f"entries ({len(entries)}):")
+    if shown:
+        rows = [["name", "last run", "runs", "epoch", "next due"]]
+        for e in shown:
+            last = _ago(e.last_run_at) if e.readable else "<unreadable data>"
+            rows.append([e.name, last, "-" if e.total_run_count is None else str(e.total_run_count),
+                         "-" if e.epoch is None else str(e.epoch), _ago(e.next_due)])
+        lines.extend(_table(rows))
+    else:
+        lines.append("  none")
+    if len(shown) < len(entries):
+        lines.append(f"  ... {len(entries) - len(shown)} more (--all)")
+    return "\n".join(lines)
+
+
+@click.command("step-down")
+@click.option("--wait", is_flag=True, help="Return only when a new leader has published.")
+@click.option("--wait-timeout", default=120.0, show_default=True, help="Seconds --wait waits at most.")
+@click.pass_context
+def step_down(ctx: click.Context, wait: bool, wait_timeout: float) -> None:
+    """Make the leader give up leadership; it joins again at the back."""
+    target = _target(ctx)
+    with _connected(target) as client:
+        leader = _read(target, client).leader
+        if leader is None:
+            _fail(1, "no leader to step down")
+        try:
+            client.delete(leader.znode)
+        except NoNodeError:
+            pass
+        click.echo(f"asked {leader.identity or leader.znode} (epoch {leader.epoch}) to step down")
+        if not wait:
+            return
+        deadline = time.monotonic() + wait_timeout
+        while time.monotonic() < deadline:
+            found = _read(target, client)
+            new = found.leader
+            if new is not None and new.epoch != leader.epoch:
+                if any(e.epoch is not None and e.epoch >= new.epoch for e in found.entries):
+                    click.echo(f"{new.identity} (epoch {new.epoch}) leads and has published")
+                    return
+            time.sleep(0.2)
+        _fail(1, f"no new leader published within {wait_timeout:g}s")
+
+
+@click.command()
+@click.option("--local", is_flag=True, help="Also require this replica (its /healthz) to be connected.")
+@click.pass_context
+def health(ctx: click.Context, local: bool) -> None:
+    """Exit 0 when the cluster has a leader (and, with --local, this replica is connected)."""
+    target = _target(ctx)
+    if local:
+        _check_local(target)
+    with _connected(target) as client:
+        found = _read(target, client)
+    if found.leader is None:
+        _fail(1, f"no leader: no replica is in the election under {found.root}")
+    click.echo(f"ok: {found.leader.identity or '?'} leads (epoch {found.leader.epoch}), "
+               f"{len(found.candidates)} candidate(s)")
+
+
+def _check_local(target: Target) -> None:
+    port = target.settings.metrics_port
+    if port is None:
+        _fail(2, "--local reads this replica's /healthz: set zkbeat_metrics_port")
+    url = f"http://127.0.0.1:{port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=target.timeout) as answer:  # noqa: S310 - loopback only
+            json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            body = {}
+        _fail(1, f"this replica is not connected to ZooKeeper ({body.get('zookeeper', exc.code)})")
+    except (OSError, ValueError) as exc:
+        _fail(1, f"this replica does not answer on {url} ({exc})")
+
+
+for _command in (status, step_down, health):
+    main.add_command(_command)
+    celery_command.add_command(_command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

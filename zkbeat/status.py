@@ -1,0 +1,146 @@
+"""Read a zkbeat cluster's state from ZooKeeper: who leads, who waits, what ran.
+
+Read-only, for the ``zkbeat`` command and for scripts; nothing here takes part
+in the election.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from .election import candidate_sequence, sorted_candidates
+from .ledger import LAYOUT_VERSION, Ledger
+
+__all__ = ["Candidate", "EntryStatus", "ClusterStatus", "NotAZkbeatRoot", "read_status"]
+
+logger = logging.getLogger(__name__)
+
+
+class NotAZkbeatRoot(Exception):
+    """The root holds no zkbeat layout this release can read."""
+
+
+@dataclass
+class Candidate:
+    epoch: int
+    znode: str
+    identity: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    started_at: str | None = None
+    version: str | None = None
+    leader_since: str | None = None
+    readable: bool = True
+
+
+@dataclass
+class EntryStatus:
+    name: str
+    last_run_at: str | None
+    total_run_count: int | None
+    epoch: int | None
+    slot: str | None
+    next_due: str | None = None
+    readable: bool = True
+
+
+@dataclass
+class ClusterStatus:
+    root: str
+    hosts: str
+    candidates: list[Candidate] = field(default_factory=list)
+    entries: list[EntryStatus] = field(default_factory=list)
+
+    @property
+    def leader(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["leader"] = asdict(self.leader) if self.leader else None
+        return data
+
+
+def read_status(client: KazooClient, root: str, hosts: str, schedule: dict[str, Any] | None = None) -> ClusterStatus:
+    """Candidates in election order and ledger entries, with next due times.
+
+    ``schedule`` maps entry names to Celery ``ScheduleEntry`` objects (from
+    the app's ``beat_schedule``); without it next due times are unknown.
+    """
+    base = f"{root.rstrip('/')}/{LAYOUT_VERSION}"
+    if client.exists(base) is None:
+        if client.exists(root) is None:
+            raise NotAZkbeatRoot(f"{root} does not exist on {hosts}")
+        children = client.get_children(root)
+        raise NotAZkbeatRoot(
+            f"{root} is not a zkbeat root this release can read (no {LAYOUT_VERSION}/; children: "
+            f"{', '.join(sorted(children)[:10]) or 'none'})"
+        )
+    status = ClusterStatus(root=root, hosts=hosts)
+    status.candidates = _candidates(client, f"{base}/election")
+    records = Ledger(client, root).load()
+    now = datetime.now(timezone.utc)
+    for name in sorted(set(records) | set(schedule or {})):
+        record = records.get(name)
+        state = record.state if record else None
+        entry = EntryStatus(
+            name=name,
+            last_run_at=state.last_run_at.isoformat() if state else None,
+            total_run_count=state.total_run_count if state else None,
+            epoch=state.epoch if state else None,
+            slot=state.slot.isoformat() if state and state.slot else None,
+            readable=record is None or state is not None,
+        )
+        scheduled = (schedule or {}).get(name)
+        if scheduled is not None:
+            entry.next_due = _next_due(scheduled, state.last_run_at if state else None, now)
+        status.entries.append(entry)
+    return status
+
+
+def _candidates(client: KazooClient, path: str) -> list[Candidate]:
+    try:
+        children = sorted_candidates(client.get_children(path))
+    except NoNodeError:
+        return []
+    requests = [(child, client.get_async(f"{path}/{child}")) for child in children]
+    found = []
+    for child, request in requests:
+        try:
+            raw, _ = request.get()
+        except NoNodeError:
+            continue  # left between the two reads
+        candidate = Candidate(epoch=candidate_sequence(child), znode=f"{path}/{child}")
+        try:
+            info = json.loads(raw.decode("utf-8"))
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            logger.warning("zkbeat: candidate %s/%s holds data zkbeat cannot read", path, child)
+            candidate.readable = False
+            found.append(candidate)
+            continue
+        for key in ("identity", "host", "started_at", "version", "leader_since"):
+            value = info.get(key)
+            setattr(candidate, key, str(value) if value is not None else None)
+        pid = info.get("pid")
+        candidate.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        found.append(candidate)
+    return found
+
+
+def _next_due(entry: Any, last_run_at: datetime | None, now: datetime) -> str | None:
+    try:
+        if last_run_at is not None:
+            entry.last_run_at = last_run_at
+        remaining = entry.schedule.remaining_estimate(entry.last_run_at)
+        return (now + max(remaining, now - now)).isoformat()
+    except Exception:  # noqa: BLE001 - a schedule we cannot evaluate shows as unknown
+        return None
