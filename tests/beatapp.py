@@ -27,14 +27,25 @@ app.conf.update(
     zkbeat_identity=os.environ.get("ZKBEAT_TEST_IDENTITY"),
     beat_max_loop_interval=float(os.environ.get("ZKBEAT_TEST_MAX_INTERVAL", "5")),
     beat_schedule={
-        name: {"task": "beatapp.record", "schedule": timedelta(seconds=seconds), "args": (name,)}
+        name: {
+            "task": "beatapp.record",
+            "schedule": timedelta(seconds=seconds),
+            "args": (name,),
+            # e.g. {"zkbeat_misfire_grace_time": 2} for one entry only
+            "options": json.loads(os.environ.get("ZKBEAT_TEST_ENTRY_OPTIONS", "{}")).get(name, {}),
+        }
         for name, seconds in json.loads(os.environ.get("ZKBEAT_TEST_SCHEDULE", "{}")).items()
     },
 )
+if os.environ.get("ZKBEAT_TEST_METRICS_PORT"):
+    app.conf.zkbeat_metrics_port = int(os.environ["ZKBEAT_TEST_METRICS_PORT"])
+    app.conf.zkbeat_metrics_address = "127.0.0.1"
 if os.environ.get("ZKBEAT_TEST_MISFIRE") is not None:
     app.conf.zkbeat_misfire_grace_time = float(os.environ["ZKBEAT_TEST_MISFIRE"])
 
-_recorder = redis.Redis.from_url(os.environ["ZKBEAT_TEST_BROKER"])
+# The record may live in another Redis than the broker, so that a test can
+# stop the broker and still count what was published around the outage.
+_recorder = redis.Redis.from_url(os.environ.get("ZKBEAT_TEST_RECORD_URL") or os.environ["ZKBEAT_TEST_BROKER"])
 RECORD_KEY = os.environ.get("ZKBEAT_TEST_RECORD_KEY", "zkbeat-test:publishes")
 _sigterm_on_publish = [os.environ.get("ZKBEAT_TEST_SIGTERM_ON_PUBLISH") == "1"]
 
