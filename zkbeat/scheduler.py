@@ -191,11 +191,18 @@ class LeaderScheduleMixin:
             self._demote("ZooKeeper error")
             election.step_down()
             return RETRY_DELAY
+        except Exception:  # noqa: BLE001 - beat outlives any one bad pass; another replica may do better
+            logger.exception("zkbeat: unexpected error while leading (epoch %s); stepping down", self._epoch)
+            self._demote("unexpected error")
+            election.step_down()
+            return RETRY_DELAY
 
     def _promote(self) -> None:
         assert self.election is not None and self.ledger is not None
         started = time.monotonic()
         epoch, fence = self.election.epoch, self.election.candidate
+        if epoch is None or fence is None:
+            raise FencedError("the election has no candidate for this replica any more")
         self.ledger.ensure()
         records = self.ledger.load()
         self._versions = {}
@@ -213,8 +220,6 @@ class LeaderScheduleMixin:
             len(records),
             (time.monotonic() - started) * 1000,
         )
-        if self._unconfirmed:
-            self._settle_unconfirmed(records)
 
     def _demote(self, reason: str) -> None:
         logger.info("zkbeat: stopped leading (%s, epoch %s): %s", self.zk_settings.identity, self._epoch, reason)
@@ -238,7 +243,13 @@ class LeaderScheduleMixin:
         the tick as run and skipped it), so publishing it now, late, is the
         only way it is not lost. Anything else means it was not ours to send.
         """
-        producer = self.producer
+        try:
+            producer = self.producer
+        except Exception as exc:  # noqa: BLE001 - broker down: keep them for the next takeover
+            logger.error("zkbeat: broker unavailable; %d confirmed claims wait: %r", len(self._unconfirmed), exc)
+            self.__dict__.pop("producer", None)
+            self.__dict__.pop("connection", None)
+            return
         with hold_shutdown_signals():
             for name, (entry, next_entry, slot, state) in list(self._unconfirmed.items()):
                 del self._unconfirmed[name]
@@ -269,6 +280,8 @@ class LeaderScheduleMixin:
 
     def _leader_tick(self) -> float:
         """Celery's tick, batched: claim every due entry at once, then publish."""
+        if self._unconfirmed:
+            self._settle_unconfirmed(self.ledger.load(list(self._unconfirmed)))
         if self._heap is None or not self.schedules_equal(self.old_schedulers, self.schedule):
             self.old_schedulers = copy.copy(self.schedule)
             self.populate_heap()
