@@ -88,8 +88,25 @@ class LeaderScheduleMixin:
     # -- lifecycle ---------------------------------------------------------
 
     def setup_schedule(self) -> None:
-        super().setup_schedule()
+        self._setup_host_schedule()
         self._connect()
+
+    # Hooks for host schedulers whose schedule lives in shared storage (see
+    # zkbeat.contrib.django): what only a leader may read or write goes there.
+
+    def _setup_host_schedule(self) -> None:
+        """The host scheduler's own setup, on every replica at start-up.
+
+        A host whose setup writes shared state overrides this to do nothing
+        and does that work in ``_on_promote`` instead.
+        """
+        super().setup_schedule()
+
+    def _on_promote(self) -> None:
+        """Leadership begins: called before the ledger is loaded and merged."""
+
+    def _on_demote(self) -> None:
+        """Leadership ends: drop whatever only a leader may still write."""
 
     def _connect(self) -> None:
         settings = self.zk_settings
@@ -203,6 +220,7 @@ class LeaderScheduleMixin:
         epoch, fence = self.election.epoch, self.election.candidate
         if epoch is None or fence is None:
             raise FencedError("the election has no candidate for this replica any more")
+        self._on_promote()
         self.ledger.ensure()
         records = self.ledger.load()
         self._versions = {}
@@ -234,6 +252,7 @@ class LeaderScheduleMixin:
         self._epoch = self._fence = None
         self._versions = {}
         self._heap = None
+        self._on_demote()
 
     def _settle_unconfirmed(self, records: dict[str, LedgerRecord]) -> None:
         """Publish our claims whose commit landed although its reply was lost.
