@@ -113,8 +113,11 @@ class Cluster:
         log_dir: Path,
         session_timeout: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        record_url: str | None = None,
     ) -> None:
         self.record_key = f"zkbeat-test:{root}"
+        self.root = root
+        self.schedule = schedule
         env = {
             "ZKBEAT_HOSTS": zk_hosts,
             "ZKBEAT_TEST_BROKER": broker,
@@ -122,11 +125,12 @@ class Cluster:
             "ZKBEAT_TEST_SCHEDULE": json.dumps(schedule),
             "ZKBEAT_TEST_SESSION_TIMEOUT": str(session_timeout),
             "ZKBEAT_TEST_RECORD_KEY": self.record_key,
+            "ZKBEAT_TEST_RECORD_URL": record_url or broker,
             **(extra_env or {}),
         }
         self.env = env
         self.log_dir = log_dir
-        self.redis = redis.Redis.from_url(broker)
+        self.redis = redis.Redis.from_url(record_url or broker)
         self.replicas = [Replica(f"replica-{i}", env, log_dir) for i in range(n)]
         self._spawned = n
 

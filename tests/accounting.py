@@ -1,0 +1,212 @@
+"""The accounting every fault scenario ends with: twice, lost, skipped, who led.
+
+It works from what the replicas actually published (recorded from
+``after_task_publish``) plus the skips their logs report, and needs no clock
+of the test's own. The rule it checks is Celery's interval rule as zkbeat
+keeps it: an entry's next slot is the moment its previous tick was claimed
+plus the interval. So if tick ``a`` was sent at ``a.at`` (its publisher's
+clock, the same clock that wrote the claim), the entry's next published slot
+can be no later than ``a.at + interval``. A later one means a tick was
+claimed in between and never sent: skipped (then a log line says so) or lost.
+
+A tick that came due during an outage is published once, late, when a leader
+can publish again (Celery's catch-up-once rule): that shows as lateness
+(``at - slot``), reported as "late", not as a loss.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tests.processes import Publish, too_close
+
+__all__ = ["Report", "Lease", "account", "logged_skips"]
+
+#: What a skip looks like in a replica's log (zkbeat.scheduler._run_due).
+SKIP_LINE = re.compile(r"zkbeat: skipping (\S+): its tick at (\S+) is")
+#: Slack for the publish-after-claim order check, in seconds.
+TOLERANCE = 0.25
+
+
+@dataclass
+class Lease:
+    """One leader's stretch, as its publishes show it."""
+
+    epoch: int
+    identity: str
+    pid: int
+    first_at: float
+    last_at: float
+    count: int
+
+
+@dataclass
+class Lost:
+    entry: str
+    after: datetime
+    before: datetime
+    ticks: int
+    #: Set when the tick was in flight in a leader that was killed (kill -9).
+    killed_in_flight: bool = False
+
+
+@dataclass
+class Report:
+    published: int
+    entries: int
+    duplicates: list[tuple[str, datetime]]
+    repeats: list[tuple[str, float]]
+    late: list[tuple[str, datetime, float]]
+    skipped: list[tuple[str, datetime]]
+    lost: list[Lost]
+    unpublished_claims: list[tuple[str, datetime]]
+    leaders: list[Lease] = field(default_factory=list)
+
+    @property
+    def twice(self) -> int:
+        return len(self.duplicates) + len(self.repeats)
+
+    @property
+    def lost_unexplained(self) -> list[Lost]:
+        return [gap for gap in self.lost if not gap.killed_in_flight]
+
+    def ok(self) -> bool:
+        """Nothing twice, nothing lost but what a kill -9 mid-send explains."""
+        return self.twice == 0 and not self.lost_unexplained and not self.unpublished_claims
+
+    def table(self) -> str:
+        lines = [
+            "| measure | count |",
+            "|---|---|",
+            f"| ticks published | {self.published} ({self.entries} entries) |",
+            f"| ticks published twice | {self.twice} |",
+            f"| ticks lost (unexplained) | {sum(g.ticks for g in self.lost_unexplained)} |",
+            f"| ticks lost in flight to kill -9 (at-most-once, documented) | "
+            f"{sum(g.ticks for g in self.lost if g.killed_in_flight)} |",
+            f"| ticks skipped past misfire grace (each logged) | {len(self.skipped)} |",
+            f"| ticks caught up late, once | {len(self.late)} (max {self.max_lateness:.1f}s late) |",
+            f"| claimed in the ledger but never published | {len(self.unpublished_claims)} |",
+            f"| leaders | {len(self.leaders)} |",
+        ]
+        return "\n".join(lines)
+
+    @property
+    def max_lateness(self) -> float:
+        return max((lateness for _, _, lateness in self.late), default=0.0)
+
+    def leader_table(self, t0: float | None = None) -> str:
+        t0 = self.leaders[0].first_at if t0 is None and self.leaders else (t0 or 0.0)
+        lines = ["| epoch | identity | pid | from (s) | to (s) | ticks |", "|---|---|---|---|---|---|"]
+        for lease in self.leaders:
+            lines.append(
+                f"| {lease.epoch} | {lease.identity} | {lease.pid} | {lease.first_at - t0:.1f} "
+                f"| {lease.last_at - t0:.1f} | {lease.count} |"
+            )
+        return "\n".join(lines)
+
+    def details(self, limit: int = 20) -> str:
+        parts = []
+        if self.duplicates:
+            parts.append(f"twice: {self.duplicates[:limit]}")
+        if self.repeats:
+            parts.append(f"repeated under another slot: {self.repeats[:limit]}")
+        if self.lost:
+            parts.append(f"lost: {self.lost[:limit]}")
+        if self.unpublished_claims:
+            parts.append(f"claimed, never published: {self.unpublished_claims[:limit]}")
+        return "\n".join(parts)
+
+
+def logged_skips(logs: list[str]) -> list[tuple[str, datetime]]:
+    """Every (entry, slot) some replica logged as skipped past its grace time."""
+    found = []
+    for text in logs:
+        for name, slot in SKIP_LINE.findall(text):
+            found.append((name, datetime.fromisoformat(slot)))
+    return found
+
+
+def account(
+    publishes: list[Publish],
+    intervals: dict[str, float],
+    *,
+    skips: list[tuple[str, datetime]] = (),
+    ledger_slots: dict[str, datetime] | None = None,
+    kills: list[tuple[int, float]] = (),
+) -> Report:
+    """Count what ``publishes`` did against the schedule ``intervals``.
+
+    ``skips`` are the logged skips, ``ledger_slots`` each entry's last claimed
+    slot as the ledger holds it at the end (a claim there that was never
+    published nor skipped is a lost tick the gaps cannot show), and ``kills``
+    the (pid, time) of each kill -9, so a tick lost in flight in a killed
+    leader is told apart from an unexplained loss.
+    """
+    counts = Counter((p.entry, p.slot) for p in publishes)
+    duplicates = sorted(key for key, n in counts.items() if n > 1)
+    repeats = []
+    for name, interval in intervals.items():
+        repeats += too_close([p for p in publishes if p.entry == name], interval)
+
+    by_entry: dict[str, list[Publish]] = defaultdict(list)
+    for p in publishes:
+        by_entry[p.entry].append(p)
+    skip_set = set(skips)
+    late, lost = [], []
+    kill_times = dict(kills)
+    for name, rows in by_entry.items():
+        interval = intervals.get(name, 1.0)
+        unique = sorted({p.slot: p for p in rows}.values(), key=lambda p: p.slot)
+        for p in unique:
+            lateness = p.at - p.slot.timestamp()
+            if lateness > interval:
+                late.append((name, p.slot, lateness))
+        for a, b in zip(unique, unique[1:]):
+            limit = a.at + interval + TOLERANCE
+            if b.slot.timestamp() <= limit:
+                continue
+            between = [(n, s) for n, s in skip_set if n == name and a.slot < s < b.slot]
+            if between:
+                continue
+            missing = max(1, round((b.slot.timestamp() - limit) / interval))
+            killed_at = kill_times.get(a.pid)
+            in_flight = killed_at is not None and a.at <= killed_at <= a.at + interval + 2
+            lost.append(Lost(name, a.slot, b.slot, missing, in_flight))
+
+    unpublished = []
+    for name, slot in (ledger_slots or {}).items():
+        published = [p.slot for p in by_entry.get(name, [])]
+        if slot in published or (name, slot) in skip_set:
+            continue
+        if published and slot < max(published):
+            continue  # an older slot: the ledger moved on (not expected, but not a loss)
+        unpublished.append((name, slot))
+
+    return Report(
+        published=len(publishes),
+        entries=len(by_entry),
+        duplicates=duplicates,
+        repeats=repeats,
+        late=late,
+        skipped=sorted(skip_set),
+        lost=lost,
+        unpublished_claims=unpublished,
+        leaders=leases(publishes),
+    )
+
+
+def leases(publishes: list[Publish]) -> list[Lease]:
+    """Who led when: one row per epoch, in the order the epochs first published."""
+    rows: dict[int, Lease] = {}
+    for p in sorted(publishes, key=lambda p: p.epoch):
+        lease = rows.get(p.epoch)
+        if lease is None:
+            rows[p.epoch] = Lease(p.epoch, p.identity, p.pid, p.at, p.at, 1)
+        else:
+            lease.first_at = min(lease.first_at, p.at)
+            lease.last_at = max(lease.last_at, p.at)
+            lease.count += 1
+    return sorted(rows.values(), key=lambda lease: lease.epoch)

@@ -1,0 +1,170 @@
+"""A TCP proxy on 127.0.0.1 that a test can black-hole: a network partition.
+
+Put one between a single replica and ZooKeeper (give that replica the
+proxy's address as its connect string) and the test can cut that replica off
+while it keeps its broker. A black hole is a pulled cable, not a refused
+connection: nothing is closed and nothing is answered, bytes simply vanish,
+so the client only learns of it through its own timeouts, as in production.
+
+When the link heals, connections that lost bytes are reset (their streams
+are corrupt; real TCP would have given up on them too) and new ones are
+forwarded again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+
+__all__ = ["TcpProxy"]
+
+_CHUNK = 65536
+
+
+class _Pair:
+    """One accepted client connection and its upstream (None while black-holed)."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket | None) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.tainted = upstream is None
+
+    def peer(self, sock: socket.socket) -> socket.socket | None:
+        return self.upstream if sock is self.client else self.client
+
+    def sockets(self) -> list[socket.socket]:
+        return [s for s in (self.client, self.upstream) if s is not None]
+
+
+class TcpProxy:
+    """Forward 127.0.0.1:<port> to 127.0.0.1:<target_port> until told to black-hole."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._pairs: list[_Pair] = []
+        self._lock = threading.Lock()
+        self._blackholed = False
+        self._heal_requested = False
+        self._closed = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._run, name=f"proxy-{self.port}", daemon=True)
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def blackholed(self) -> bool:
+        return self._blackholed
+
+    def start(self) -> TcpProxy:
+        self._thread.start()
+        return self
+
+    def blackhole(self) -> None:
+        """From now on drop every byte both ways and answer nothing."""
+        with self._lock:
+            self._blackholed = True
+        self._wake()
+
+    def heal(self) -> None:
+        """Forward again; connections that lost bytes are reset."""
+        with self._lock:
+            self._blackholed = False
+            self._heal_requested = True
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+        self._thread.join(5)
+        for pair in self._pairs:
+            self._drop(pair)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop (one thread) ---------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _run(self) -> None:
+        while not self._closed:
+            for key, _ in self._selector.select(timeout=0.5):
+                if key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(_CHUNK)
+                elif key.data is None:
+                    self._accept()
+                else:
+                    self._pump(key.fileobj, key.data)
+            with self._lock:
+                heal, self._heal_requested = self._heal_requested, False
+            if heal:
+                for pair in [p for p in self._pairs if p.tainted]:
+                    self._drop(pair)
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self._listener.accept()
+        except OSError:
+            return
+        upstream = None
+        if not self._blackholed:
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
+            except OSError:
+                client.close()  # the server is down: refuse, as the server itself would
+                return
+        pair = _Pair(client, upstream)
+        self._pairs.append(pair)
+        for sock in pair.sockets():
+            sock.setblocking(False)
+            self._selector.register(sock, selectors.EVENT_READ, pair)
+
+    def _pump(self, sock: socket.socket, pair: _Pair) -> None:
+        try:
+            data = sock.recv(_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(pair)
+            return
+        peer = pair.peer(sock)
+        if self._blackholed or peer is None:
+            pair.tainted = True
+            return
+        try:
+            peer.setblocking(True)
+            peer.sendall(data)
+            peer.setblocking(False)
+        except OSError:
+            self._drop(pair)
+
+    def _drop(self, pair: _Pair) -> None:
+        for sock in pair.sockets():
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(sock)
+            with contextlib.suppress(OSError):
+                sock.close()
+        if pair in self._pairs:
+            self._pairs.remove(pair)
