@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import click
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError, ZookeeperError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, ZookeeperError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from . import __version__
@@ -74,6 +74,13 @@ def _connected(target: Target) -> Iterator[KazooClient]:
         _fail(2, f"cannot reach ZooKeeper at {target.settings.hosts} within {target.timeout:g}s ({exc or 'timeout'})")
     try:
         yield client
+    except NoAuthError:
+        # The root's ACL belongs to an identity this command did not present.
+        _fail(
+            2,
+            f"ZooKeeper at {target.settings.hosts} denied access under {target.settings.root} (NoAuth): "
+            "pass the app's zkbeat_auth with -A",
+        )
     except (KazooException, ZookeeperError) as exc:
         _fail(2, f"ZooKeeper at {target.settings.hosts} answered with an error: {type(exc).__name__}")
     finally:

@@ -1,0 +1,344 @@
+"""Security and hostile input against real ZooKeeper servers: digest ACLs, TLS,
+secrets kept out of logs and output, and znodes or settings zkbeat did not write.
+
+Schedulers run in-process (as in test_scheduler.py); the ``zkbeat`` command
+runs in-process through click's runner with the app registered as a module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+import types
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from celery.signals import after_task_publish
+from click.testing import CliRunner, Result
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import ACL, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
+
+from tests.helpers import wait_for
+from tests.servers import RedisServer, ZooKeeperServer, drop_connection
+from zkbeat import ConfigurationError, Scheduler
+from zkbeat.cli import main as zkbeat_command
+
+USER, SECRET = "zkbeat", "s3cret"
+CREDENTIAL = f"{USER}:{SECRET}"
+AUTH = [("digest", CREDENTIAL)]
+#: The digest ZooKeeper stores in the ACL; derived from the secret, so it is
+#: kept out of logs and output just like the secret itself.
+DIGEST_ID = make_digest_acl_credential(USER, SECRET)
+OWNER_ACL = make_digest_acl(USER, SECRET, all=True)
+LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
+
+
+# --------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------
+
+
+class Published:
+    """Messages handed to the broker by this process (after_task_publish)."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict] = []
+        after_task_publish.connect(self._record, weak=False)
+
+    def _record(self, headers=None, **kwargs) -> None:
+        self.headers.append(dict(headers or {}))
+
+    def entries(self) -> list[str]:
+        return [h.get("zkbeat-entry") for h in self.headers]
+
+    def close(self) -> None:
+        after_task_publish.disconnect(self._record)
+
+
+@pytest.fixture
+def published() -> Iterator[Published]:
+    recorder = Published()
+    yield recorder
+    recorder.close()
+
+
+def app_for(conf: dict) -> Celery:
+    app = Celery("zkbeat-security", set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+@pytest.fixture
+def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str,
+                   zk_client: KazooClient) -> Iterator:
+    """Build in-process Schedulers on the shared servers; closed after the test."""
+    made: list[Scheduler] = []
+    # The tests' common parent (/t) is everyone's: never let an ACL test be first to create it.
+    zk_client.ensure_path(zk_root.rsplit("/", 1)[0])
+
+    def make(entries: dict, **conf) -> Scheduler:
+        settings = {
+            "broker_url": redis_server.url,
+            "zkbeat_hosts": zk_server.hosts,
+            "zkbeat_root": zk_root,
+            "zkbeat_session_timeout": 4,
+            "zkbeat_identity": f"secure-{len(made)}",
+            "beat_max_loop_interval": 0.5,
+            "beat_schedule": entries,
+        }
+        settings.update(conf)
+        scheduler = Scheduler(app_for(settings))
+        made.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in made:
+        scheduler.close()
+
+
+def connect(hosts: str, auth: list[tuple[str, str]] | None = None) -> KazooClient:
+    client = KazooClient(hosts, auth_data=auth)
+    client.start(timeout=15)
+    return client
+
+
+@pytest.fixture
+def owner(zk_server: ZooKeeperServer) -> Iterator[KazooClient]:
+    """A client holding zkbeat's credential."""
+    client = connect(zk_server.hosts, AUTH)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def intruders(zk_server: ZooKeeperServer) -> Iterator[dict[str, KazooClient]]:
+    """Clients without zkbeat's credential: anonymous, and another digest user."""
+    clients = {
+        "anonymous": connect(zk_server.hosts),
+        "other digest user": connect(zk_server.hosts, [("digest", "mallory:guess")]),
+    }
+    yield clients
+    for client in clients.values():
+        client.stop()
+        client.close()
+
+
+def every(seconds: float, **spec) -> dict:
+    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), **spec}
+
+
+def once(**spec) -> dict:
+    """An hourly entry last run long ago: due exactly once (caught up), then not for an hour."""
+    return every(3600, last_run_at=LONG_AGO, **spec)
+
+
+def lead_and_publish(scheduler: Scheduler, published: Published, names: set[str] | None = None) -> None:
+    """Tick until the scheduler leads and every entry in ``names`` (default: any) has been published."""
+
+    def done() -> bool:
+        scheduler.tick()
+        return set(published.entries()) >= names if names else bool(published.headers)
+
+    wait_for(done, timeout=20, message=lambda: f"published so far: {published.entries()}")
+
+
+def subtree(client: KazooClient, path: str) -> list[str]:
+    """``path`` and every znode below it."""
+    found = [path]
+    for child in client.get_children(path):
+        found.extend(subtree(client, f"{path}/{child}"))
+    return found
+
+
+def run_cli(app: Celery | None, *args: str, monkeypatch: pytest.MonkeyPatch) -> Result:
+    """Run the real `zkbeat` command in-process; with ``app``, as `zkbeat -A <module> ...`."""
+    argv = list(args)
+    if app is not None:
+        module_name = f"zkbeat_security_app_{uuid.uuid4().hex[:8]}"
+        module = types.ModuleType(module_name)
+        module.app = app
+        monkeypatch.setitem(sys.modules, module_name, module)
+        argv = ["-A", module_name, *argv]
+    kazoo_logger = logging.getLogger("kazoo")
+    level = kazoo_logger.level
+    try:
+        return CliRunner().invoke(zkbeat_command, argv, catch_exceptions=False)
+    finally:
+        kazoo_logger.setLevel(level)  # the command quiets kazoo for good; other tests need it back
+
+
+def output_of(result: Result) -> str:
+    return result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------
+# 1. zkbeat_auth: digest ACLs on everything zkbeat creates
+# --------------------------------------------------------------------------
+
+
+def test_digest_auth_leader_protects_every_znode_it_creates(make_scheduler, published: Published, owner: KazooClient,
+                                                            intruders: dict[str, KazooClient], zk_root: str) -> None:
+    """With zkbeat_auth, every znode under zkbeat_root carries one ACL, for that identity, and others get NoAuth."""
+    root = f"{zk_root}/proj"
+    scheduler = make_scheduler({"tidy": once()}, zkbeat_root=root, zkbeat_auth=AUTH)
+    lead_and_publish(scheduler, published)
+    assert published.entries() == ["tidy"]
+
+    paths = subtree(owner, root)
+    candidate, entry = scheduler.election.candidate, scheduler.ledger.entry_path("tidy")
+    assert set(paths) == {root, f"{root}/v1", f"{root}/v1/election", candidate, f"{root}/v1/entries", entry}
+    for path in paths:
+        acls, _ = owner.get_acls(path)
+        assert acls == [OWNER_ACL], (path, acls)
+        assert acls[0].id == Id("digest", DIGEST_ID)
+
+    for intruder in intruders.values():
+        for path in paths:
+            with pytest.raises(NoAuthError):
+                intruder.get(path)
+            with pytest.raises(NoAuthError):
+                intruder.get_children(path)
+            with pytest.raises(NoAuthError):
+                intruder.set(path, b"{}")
+            with pytest.raises(NoAuthError):
+                intruder.set_acls(path, [make_acl("world", "anyone", all=True)])
+            with pytest.raises(NoAuthError):
+                intruder.create(f"{path}/intruder", b"")
+        # Deleting needs DELETE on the parent: every parent below the root is zkbeat's.
+        for path in paths[1:]:
+            with pytest.raises(NoAuthError):
+                intruder.delete(path)
+        with pytest.raises(NoAuthError):
+            # An intruder cannot slip a candidate of its own into the election.
+            intruder.create(f"{root}/v1/election/candidate-0-", b"{}", ephemeral=True, sequence=True)
+    assert sorted(owner.get_children(f"{root}/v1/election")) == [candidate.rsplit("/", 1)[1]]
+    assert owner.get(entry)[1].version == 0, "no intruder changed the ledger"
+    assert scheduler.election.is_leader
+
+
+def test_ancestors_zkbeat_creates_let_other_apps_make_their_own_root(make_scheduler, published: Published,
+                                                                     owner: KazooClient, zk_root: str,
+                                                                     zk_server: ZooKeeperServer,
+                                                                     redis_server: RedisServer) -> None:
+    """An ancestor of zkbeat_root that zkbeat creates is the identity's, readable and creatable by all, nothing more."""
+    scheduler = make_scheduler({"tidy": once()}, zkbeat_root=f"{zk_root}/proj", zkbeat_auth=AUTH)
+    lead_and_publish(scheduler, published)
+    acls, _ = owner.get_acls(zk_root)
+    assert sorted(acls, key=str) == sorted(
+        [OWNER_ACL, ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))], key=str
+    )
+    # A second app with its own credential (or none) shares the ancestor, not the root.
+    other = make_scheduler({"report": once()}, zkbeat_root=f"{zk_root}/other",
+                           zkbeat_auth=[("digest", "other:pw")], zkbeat_identity="other-app")
+    lead_and_publish(other, published, {"tidy", "report"})
+    anonymous = make_scheduler({"open": once()}, zkbeat_root=f"{zk_root}/open", zkbeat_identity="open-app")
+    lead_and_publish(anonymous, published, {"tidy", "report", "open"})
+    assert sorted(published.entries()) == ["open", "report", "tidy"]
+    with pytest.raises(NoAuthError):
+        owner.get(f"{zk_root}/other")
+    stranger = connect(zk_server.hosts)
+    try:
+        with pytest.raises(NoAuthError):
+            stranger.set(zk_root, b"mine")
+        with pytest.raises(NoAuthError):
+            stranger.set_acls(zk_root, [make_acl("world", "anyone", all=True)])
+    finally:
+        stranger.stop()
+        stranger.close()
+
+
+def test_zkbeat_command_reads_a_protected_root_with_the_apps_credentials(
+    make_scheduler, published: Published, zk_server: ZooKeeperServer, zk_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`zkbeat -A app status/health` read an ACL-protected root with the app's zkbeat_auth; flags alone get NoAuth."""
+    conf = {"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "zkbeat_auth": AUTH,
+            "beat_schedule": {"tidy": once()}}
+    scheduler = make_scheduler({"tidy": once()}, zkbeat_auth=AUTH, zkbeat_identity="guarded-leader")
+    lead_and_publish(scheduler, published)
+    app = app_for(conf)
+
+    text = run_cli(app, "status", monkeypatch=monkeypatch)
+    assert text.exit_code == 0, output_of(text)
+    assert "leader: guarded-leader" in text.stdout
+    as_json = run_cli(app, "status", "--json", monkeypatch=monkeypatch)
+    assert as_json.exit_code == 0, output_of(as_json)
+    found = json.loads(as_json.stdout)
+    assert found["leader"]["identity"] == "guarded-leader"
+    assert [(e["name"], e["total_run_count"]) for e in found["entries"]] == [("tidy", 1)]
+    health = run_cli(app, "health", monkeypatch=monkeypatch)
+    assert health.exit_code == 0, output_of(health)
+    assert health.stdout.startswith("ok: guarded-leader leads")
+
+    without = run_cli(None, "--hosts", zk_server.hosts, "--root", zk_root, "status", monkeypatch=monkeypatch)
+    assert without.exit_code != 0
+    assert without.stdout == ""
+    assert len(without.stderr.strip().splitlines()) == 1
+    assert "denied access" in without.stderr and "zkbeat_auth" in without.stderr, without.stderr
+    for result in (text, as_json, health, without):
+        assert SECRET not in output_of(result) and DIGEST_ID not in output_of(result)
+
+
+# --------------------------------------------------------------------------
+# 3. Secrets stay out of logs, output and errors
+# --------------------------------------------------------------------------
+
+
+def test_secret_never_reaches_a_log_record(make_scheduler, published: Published,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """At DEBUG for zkbeat and kazoo, a scheduler that authenticates, leads, reconnects and closes logs no secret."""
+    caplog.set_level(logging.DEBUG)
+    for name in ("zkbeat", "kazoo"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    scheduler = make_scheduler({"tidy": every(0.2)}, zkbeat_auth=AUTH)
+    lead_and_publish(scheduler, published)
+    drop_connection(scheduler.zk_client)  # kazoo sends the credential again on reconnect
+    count = len(published.headers)
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) > count, timeout=20)
+    scheduler.close()
+
+    loggers = {record.name.split(".")[0] for record in caplog.records}
+    assert {"zkbeat", "kazoo"} <= loggers, loggers
+    assert any(r.name.startswith("kazoo") and r.levelno == logging.DEBUG for r in caplog.records)
+    assert any("became leader" in r.getMessage() for r in caplog.records)
+    formatter = logging.Formatter()
+    for record in caplog.records:
+        text = formatter.format(record) + repr(record.args)
+        assert SECRET not in text and DIGEST_ID not in text, text
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"zkbeat_auth": CREDENTIAL},  # a string, not a list of pairs
+        {"zkbeat_auth": ("digest", CREDENTIAL)},  # one pair, not a list
+        {"zkbeat_auth": [("digest", SECRET)]},  # no "user:"
+        {"zkbeat_auth": [("digest", CREDENTIAL, "extra")]},
+        {"zkbeat_auth": [(None, CREDENTIAL)]},
+        {"zkbeat_auth": AUTH, "zkbeat_session_timeout": "soon"},  # good auth, another bad setting
+        {"zkbeat_auth": AUTH, "zkbeat_ssl_ca": "/nonexistent/ca.pem"},
+    ],
+    ids=["string", "one-pair", "no-user", "triple", "no-scheme", "other-setting", "missing-ca"],
+)
+def test_configuration_error_never_shows_the_secret(conf: dict, redis_server: RedisServer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad setting stops Scheduler() and `zkbeat -A` naming the setting; no message or traceback shows the secret."""
+    app = app_for({"broker_url": redis_server.url, **conf})
+    with pytest.raises(ConfigurationError) as info:
+        Scheduler(app, lazy=True)
+    error = info.value
+    assert error.setting in str(error) and error.setting.startswith("zkbeat_")
+    printed = "".join(traceback.format_exception(error)) + repr(error) + repr(error.args) + repr(error.value)
+    assert SECRET not in printed and DIGEST_ID not in printed, printed
+
+    result = run_cli(app, "status", monkeypatch=monkeypatch)
+    assert result.exit_code == 2
+    assert error.setting in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert SECRET not in output_of(result)
