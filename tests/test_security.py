@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
+import subprocess
 import sys
 import traceback
 import types
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -25,7 +29,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
 
 from tests.helpers import wait_for
-from tests.servers import RedisServer, ZooKeeperServer, drop_connection
+from tests.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.cli import main as zkbeat_command
 
@@ -342,3 +346,172 @@ def test_configuration_error_never_shows_the_secret(conf: dict, redis_server: Re
     assert error.setting in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert SECRET not in output_of(result)
+
+
+# --------------------------------------------------------------------------
+# 2. TLS to ZooKeeper
+# --------------------------------------------------------------------------
+
+#: Debian's zookeeper.jar names netty-handler in its manifest's Class-Path but
+#: not netty-codec, which Netty's SslHandler extends: without it the server
+#: answers the first TLS client with NoClassDefFoundError ByteToMessageDecoder.
+NETTY_CODEC_JAR = JAVA_DIR / "netty-codec.jar"
+
+_OPENSSL_CONFIG = """\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = unused
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[leaf]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A throw-away CA with a server and a client certificate, all PEM."""
+
+    ca: Path
+    server_pem: Path  # key + certificate in one file, as ZooKeeper's PEM keystore wants
+    client_cert: Path
+    client_key: Path
+    other_ca: Path  # a CA that signed nothing here
+
+
+def make_pki(directory: Path) -> Pki:
+    """Generate the certificates with the openssl CLI (EC P-256 keys: quick to make)."""
+    openssl = require_binary("openssl", "apt-get install -y openssl", what="OpenSSL")
+    config = directory / "openssl.cnf"
+    config.write_text(_OPENSSL_CONFIG)
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
+
+    new_key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-config", str(config))
+    for name in ("ca", "other-ca"):
+        run("req", "-x509", *new_key, "-extensions", "ca", "-days", "2", "-subj", f"/CN=zkbeat test {name}",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem")
+    for serial, name in enumerate(("server", "client"), 1):
+        run("req", "-new", *new_key, "-subj", f"/CN=zkbeat test {name}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial", str(serial),
+            "-days", "2", "-extfile", str(config), "-extensions", "leaf", "-out", f"{name}.crt")
+    server_pem = directory / "server.pem"
+    server_pem.write_text((directory / "server.key").read_text() + (directory / "server.crt").read_text())
+    return Pki(ca=directory / "ca.pem", server_pem=server_pem, client_cert=directory / "client.crt",
+               client_key=directory / "client.key", other_ca=directory / "other-ca.pem")
+
+
+class TlsZooKeeperServer(ZooKeeperServer):
+    """A standalone ZooKeeper with a TLS client port beside the plain one.
+
+    The plain port stays because the fixture's readiness check speaks
+    four-letter words on it; zkbeat under test only gets ``secure_hosts``.
+    """
+
+    def __init__(self, pki: Pki) -> None:
+        require_binary(str(NETTY_CODEC_JAR), "apt-get install -y libnetty-java", what="Netty's codec jar")
+        self.secure_port = free_port()
+        super().__init__(
+            extra_cfg={
+                "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+                "secureClientPort": self.secure_port,
+                "secureClientPortAddress": "127.0.0.1",
+                "ssl.keyStore.location": pki.server_pem,
+                "ssl.keyStore.type": "PEM",
+                "ssl.trustStore.location": pki.ca,
+                "ssl.trustStore.type": "PEM",
+                "ssl.clientAuth": "need",
+            }
+        )
+
+    @property
+    def secure_hosts(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
+
+    def _command(self) -> list[str]:
+        command = super()._command()
+        classpath = command.index("-cp") + 1
+        command[classpath] = f"{command[classpath]}:{NETTY_CODEC_JAR}"
+        return command
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tls_server(pki: Pki) -> Iterator[TlsZooKeeperServer]:
+    with TlsZooKeeperServer(pki) as server:
+        yield server
+
+
+def tls_settings(pki: Pki, **overrides) -> dict:
+    settings = {
+        "zkbeat_use_ssl": True,
+        "zkbeat_ssl_ca": str(pki.ca),
+        "zkbeat_ssl_cert": str(pki.client_cert),
+        "zkbeat_ssl_key": str(pki.client_key),
+    }
+    settings.update(overrides)
+    return {key: value for key, value in settings.items() if value is not None}
+
+
+def test_scheduler_leads_and_publishes_over_tls(make_scheduler, published: Published, pki: Pki,
+                                                tls_server: TlsZooKeeperServer) -> None:
+    """With zkbeat_use_ssl and the CA, cert and key, a scheduler leads and publishes through ZooKeeper's TLS port."""
+    scheduler = make_scheduler({"tidy": once()}, zkbeat_hosts=tls_server.secure_hosts, **tls_settings(pki))
+    lead_and_publish(scheduler, published)
+    assert published.entries() == ["tidy"]
+    sock = scheduler.zk_client._connection._socket  # kazoo has no public handle on it
+    assert isinstance(sock, ssl.SSLSocket) and sock.version() in ("TLSv1.2", "TLSv1.3")
+    assert sock.getpeername()[1] == tls_server.secure_port
+    assert scheduler.ledger.load(["tidy"])["tidy"].state.total_run_count == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("plain client", "socket connection broken"),  # the server drops what is not a TLS record
+        ("unknown CA", "CERTIFICATE_VERIFY_FAILED"),
+        ("no client certificate", "SSL"),  # the server's alert: it requires one (ssl.clientAuth=need)
+        ("name not in the server certificate", "Hostname mismatch"),
+    ],
+)
+def test_scheduler_does_not_connect_over_a_bad_tls_setup(case: str, reason: str, make_scheduler,
+                                                         published: Published, pki: Pki,
+                                                         tls_server: TlsZooKeeperServer,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A scheduler that cannot complete TLS with the server never connects, stays a follower and publishes nothing."""
+    hosts = tls_server.secure_hosts
+    if case == "plain client":
+        conf = {}
+    elif case == "unknown CA":
+        conf = tls_settings(pki, zkbeat_ssl_ca=str(pki.other_ca))
+    elif case == "no client certificate":
+        conf = tls_settings(pki, zkbeat_ssl_cert=None, zkbeat_ssl_key=None)
+    else:
+        hosts = f"localhost:{tls_server.secure_port}"  # loopback, but the certificate names only 127.0.0.1
+        conf = tls_settings(pki)
+    caplog.set_level(logging.WARNING, logger="kazoo")
+    scheduler = make_scheduler({"tidy": every(0.1)}, zkbeat_hosts=hosts, **conf)
+
+    def attempts_failed() -> bool:
+        assert scheduler.tick() == 0
+        return sum(reason in r.getMessage() for r in caplog.records if r.name.startswith("kazoo")) >= 3
+
+    wait_for(attempts_failed, timeout=30, message=lambda: "\n".join(r.getMessage() for r in caplog.records))
+    assert not scheduler.zk_client.connected
+    assert scheduler.election.candidate is None
+    assert published.headers == []

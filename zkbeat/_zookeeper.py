@@ -72,7 +72,16 @@ def make_client(settings: Settings, client_class: type[KazooClient] = KazooClien
             options["default_acl"] = [owner]
             ancestor_acl = [owner, make_acl("world", "anyone", read=True, create=True)]
     if settings.use_ssl:
-        options.update(use_ssl=True, ca=settings.ssl_ca, certfile=settings.ssl_cert, keyfile=settings.ssl_key)
+        # kazoo checks the chain but not the name unless asked: any certificate
+        # the CA ever signed (a client's, say) would pass for the server.
+        # ZooKeeper's own Java client verifies the host name by default too.
+        options.update(
+            use_ssl=True,
+            ca=settings.ssl_ca,
+            certfile=settings.ssl_cert,
+            keyfile=settings.ssl_key,
+            check_hostname=True,
+        )
     client = client_class(
         hosts=settings.hosts,
         timeout=settings.session_timeout,
