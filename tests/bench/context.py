@@ -1,0 +1,59 @@
+"""What every scenario is handed: the servers, the mode, and a progress log."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+
+from tests.bench.cluster import Beat, Flavour, Run, wait_for
+from tests.servers import RedisServer, ZooKeeperServer
+
+
+@dataclass
+class Bench:
+    zk: ZooKeeperServer
+    redis: RedisServer
+    client: KazooClient
+    quick: bool
+    started: float
+
+    def run(self, flavour: Flavour, entries: list[dict], **env: str) -> Run:
+        return Run(flavour, broker=self.redis.url, zk_hosts=self.zk.hosts, entries=entries, **env)
+
+    def say(self, message: str) -> None:
+        print(f"[{time.time() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def wait_started(beats: list[Beat], timeout: float = 60) -> bool:
+    """Every process has its scheduler up ("beat: Starting..." is logged)."""
+    return bool(wait_for(lambda: all(b.events("beat: Starting...") for b in beats), timeout, 0.05))
+
+
+def wait_leader_publishing(run: Run, entry: str, after: float, timeout: float = 60):
+    """The leader and its first publish of ``entry`` later than ``after``."""
+
+    def found():
+        leader = run.leader()
+        if leader is None:
+            return None
+        mine = [p for p in run.publishes() if p.pid == leader.pid and p.entry == entry and p.at > after]
+        return (leader, mine[-1]) if mine else None
+
+    return wait_for(found, timeout, 0.005)
+
+
+def first_publish_by_other(run: Run, pid: int, after: float):
+    rows = [p for p in run.publishes() if p.pid != pid and p.at > after]
+    return rows[0] if rows else None
+
+
+def leader_event_by_other(run: Run, pid: int, after: float):
+    """The first leadership log line after ``after`` by a process other than ``pid``."""
+    events = []
+    for beat in run.beats:
+        if beat.process is not None and beat.pid != pid:
+            events += [e for e in beat.events(run.flavour.leader_line) if e.at > after]
+    return min(events, key=lambda e: e.at) if events else None

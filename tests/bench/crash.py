@@ -1,0 +1,179 @@
+"""Crash failover: kill -9 the leader, measured against ZooKeeper's own floor.
+
+No election can notice a crashed process before ZooKeeper expires its
+session, and ZooKeeper expires sessions in tickTime buckets. So each trial
+kills two processes at the same instant on the same ZooKeeper: the zkbeat
+leader, right after it published (its session was just heard from), and a
+bare kazoo client holding an ephemeral znode, right after one request of its
+own (``tests/bench/floor.py``). The floor is when a watcher hears that znode
+is gone; zkbeat's takeover is its new leader's log line; the difference is
+what zkbeat adds. redbeat's failover is bounded by its lock timeout instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+from kazoo.protocol.states import EventType
+
+from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ROOT, ZKBEAT, Flavour, Run, wait_for
+from tests.bench.context import (
+    Bench,
+    first_publish_by_other,
+    leader_event_by_other,
+    wait_leader_publishing,
+    wait_started,
+)
+from tests.bench.stats import Row, Sample
+
+ENTRIES = [{"name": "tick", "every": 1}]
+
+
+class Floor:
+    """A bare kazoo client in its own process, and a watch on its ephemeral znode."""
+
+    def __init__(self, bench: Bench, session_timeout: float) -> None:
+        self.path = f"/zkbench/floor/{uuid.uuid4().hex}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.floor", bench.zk.hosts, self.path, str(session_timeout)],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        if not self.process.stdout.readline().startswith("ready"):
+            raise RuntimeError("floor client did not start")
+        self.gone_at: float | None = None
+        self.gone = threading.Event()
+        bench.client.exists(self.path, watch=self._on_watch)
+
+    def _on_watch(self, event) -> None:
+        if event.type == EventType.DELETED:
+            self.gone_at = time.time()
+            self.gone.set()
+
+    def touch(self) -> None:
+        self.process.stdin.write("touch\n")
+        self.process.stdin.flush()
+        self.process.stdout.readline()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self.kill()
+        self.process.wait(10)
+
+
+def _zkbeat_trials(bench: Bench, session_timeout: float, trials: int) -> dict[str, Sample]:
+    cap = session_timeout * 2 + 10
+    result = {name: Sample(cap=cap) for name in ("floor", "ready", "first", "overhead")}
+    run = bench.run(ZKBEAT, ENTRIES, BENCH_SESSION_TIMEOUT=str(session_timeout))
+    floor = None
+    with run:
+        run.start()
+        wait_started(run.beats)
+        mark = time.time()
+        for trial in range(trials):
+            floor = Floor(bench, session_timeout)
+            found = wait_leader_publishing(run, "tick", mark)
+            if found is None:
+                bench.say("  zkbeat: no leader publishing; crash trials abandoned")
+                break
+            leader, _ = found
+            floor.touch()
+            t0 = time.time()
+            leader.signal(signal.SIGKILL)
+            floor.kill()
+            floor.gone.wait(cap)
+            event = wait_for(lambda: leader_event_by_other(run, leader.pid, t0), cap, 0.005)
+            publish = wait_for(lambda: first_publish_by_other(run, leader.pid, t0), 5 if event else 0.1)
+            floor_s = floor.gone_at - t0 if floor.gone_at else math.inf
+            ready_s = event.at - t0 if event else math.inf
+            result["floor"].values.append(floor_s)
+            result["ready"].values.append(ready_s)
+            result["first"].values.append(publish.at - t0 if publish else math.inf)
+            if floor_s != math.inf and ready_s != math.inf:
+                result["overhead"].values.append((ready_s - floor_s) * 1000)
+            bench.say(f"  zkbeat kill -9 (session {session_timeout:g} s) {trial + 1}/{trials}: "
+                      f"floor {floor_s:.3f} s, new leader {ready_s:.3f} s")  # fmt: skip
+            floor.close()
+            leader.kill()
+            wait_started([run.add()])
+            mark = time.time()
+    if floor is not None:
+        floor.close()
+    result["overhead"].cap = None
+    return result
+
+
+def _redbeat_trials(bench: Bench, flavour: Flavour, trials: int, cap: float) -> dict[str, Sample]:
+    result = {"ready": Sample(cap=cap), "first": Sample(cap=cap)}
+    run: Run = bench.run(flavour, ENTRIES)
+    with run:
+        run.start()
+        wait_started(run.beats)
+        mark = time.time()
+        for trial in range(trials):
+            found = wait_leader_publishing(run, "tick", mark)
+            if found is None:
+                break
+            leader, _ = found
+            t0 = time.time()
+            leader.signal(signal.SIGKILL)
+            event = wait_for(lambda: leader_event_by_other(run, leader.pid, t0), cap, 0.005)
+            publish = wait_for(lambda: first_publish_by_other(run, leader.pid, t0), 5 if event else 0.1)
+            result["ready"].values.append(event.at - t0 if event else math.inf)
+            result["first"].values.append(publish.at - t0 if publish else math.inf)
+            bench.say(f"  {flavour.key} kill -9 {trial + 1}/{trials}: new leader "
+                      f"{result['ready'].values[-1]:.3f} s")  # fmt: skip
+            leader.kill()
+            if event is None:
+                break
+            wait_started([run.add()])
+            mark = time.time()
+    return result
+
+
+def run(bench: Bench) -> list[Row]:
+    trials = 2 if bench.quick else 10
+    timeouts = (4.0,) if bench.quick else (4.0, 10.0)
+    bench.say(f"crash: kill -9 the leader x{trials}, session timeouts {timeouts}")
+    redbeat = {
+        "redbeat_tuned": _redbeat_trials(bench, REDBEAT_TUNED, 1 if bench.quick else trials, 20.0),
+        # redbeat's default lock timeout is 5 x beat_max_loop_interval = 1500 s.
+        "redbeat": _redbeat_trials(bench, REDBEAT, 1, 5.0 if bench.quick else 30.0),
+    }
+    rows = []
+    for timeout in timeouts:
+        zk = _zkbeat_trials(bench, timeout, trials)
+        scenario = f"crash (kill -9), session {timeout:g} s"
+        others = {key: r for key, r in redbeat.items()} if timeout == timeouts[0] else {}
+        plain = {"plain": Sample(note="never (1 replica)")}
+        rows += [
+            Row(scenario, "floor: bare kazoo client's ephemeral znode seen gone", "s", {"zkbeat": zk["floor"]}, digits=3),
+            Row(
+                scenario,
+                "new leader ready after kill -9",
+                "s",
+                {"zkbeat": zk["ready"], **{k: r["ready"] for k, r in others.items()}, **plain},
+                target="p99 ≤ floor p99 + 0.1 s",
+                check=lambda row, floor=zk["floor"]: row.values["zkbeat"].p99 <= floor.p99 + 0.1,
+                digits=3,
+            ),
+            Row(
+                scenario,
+                "first publish after kill -9",
+                "s",
+                {"zkbeat": zk["first"], **{k: r["first"] for k, r in others.items()}, **plain},
+                digits=3,
+            ),
+            Row(scenario, "zkbeat's own part: new leader − floor, same trial", "ms", {"zkbeat": zk["overhead"]}),
+        ]
+    return rows
