@@ -30,8 +30,10 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     RolledBackError,
+    UnimplementedError,
 )
 
+from ._multiread import read_many
 from .exceptions import ClaimConflictError, FencedError
 
 __all__ = [
@@ -172,6 +174,7 @@ class Ledger:
         self.client = client
         self.path = f"{root.rstrip('/')}/{LAYOUT_VERSION}/entries"
         self.timeout = timeout
+        self._multiread = True
 
     def entry_path(self, name: str) -> str:
         return f"{self.path}/{encode_name(name)}"
@@ -194,13 +197,13 @@ class Ledger:
             pending = [(decode_name(c), f"{self.path}/{c}") for c in components]
         else:
             pending = [(name, self.entry_path(name)) for name in names]
-        requests = [(name, path, self.client.get_async(path)) for name, path in pending]
         records: dict[str, LedgerRecord] = {}
-        for name, path, request in requests:
-            try:
-                raw, stat = request.get(timeout=self.timeout)
-            except NoNodeError:
+        for (name, path), result in zip(pending, self._read([path for _, path in pending])):
+            if isinstance(result, NoNodeError):
                 continue
+            if isinstance(result, Exception):
+                raise result
+            raw, stat = result
             try:
                 state: EntryState | None = decode_state(raw)
             except (ValueError, UnicodeDecodeError) as exc:
@@ -212,6 +215,27 @@ class Ledger:
                 state = None
             records[name] = LedgerRecord(state, stat.version)
         return records
+
+    def _read(self, paths: list[str]) -> list[Any]:
+        """(data, stat) or the exception of each read, in one multiRead per thousand paths.
+
+        Falls back to pipelined gets, one request each, on a ZooKeeper older
+        than 3.6 (no multiRead); see ``zkbeat._multiread`` for why it matters.
+        """
+        if self._multiread and len(paths) > 1:
+            try:
+                return read_many(self.client, paths, self.timeout)
+            except UnimplementedError:
+                logger.info("zkbeat: ZooKeeper has no multiRead (older than 3.6); loading the ledger with single reads")
+                self._multiread = False
+        requests = [self.client.get_async(path) for path in paths]
+        results: list[Any] = []
+        for request in requests:
+            try:
+                results.append(request.get(timeout=self.timeout))
+            except NoNodeError as exc:
+                results.append(exc)
+        return results
 
     def claim(self, claims: list[Claim], fence: str) -> ClaimResult:
         """Commit ``claims`` fenced on the candidate znode ``fence``.
@@ -272,4 +296,8 @@ def _failure(outcomes: list[Any], claims: list[Claim], fence: str) -> FencedErro
         return FencedError(f"candidate {fence} is gone ({type(outcome).__name__}): not the leader any more")
     if isinstance(outcome, (BadVersionError, NodeExistsError, NoNodeError)):
         return ClaimConflictError([claims[index - 1].name])
+    # Refused outright (NoAuth: someone else's ACL on the entry or on entries/,
+    # InvalidACL, ...). Re-reading and claiming again at once, as for a
+    # conflict, would only loop as fast as ZooKeeper answers; the caller gets
+    # the ZooKeeper error it is, naming the entry, and backs off.
     return ClaimConflictError([claims[index - 1].name])
