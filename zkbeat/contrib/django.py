@@ -1,0 +1,247 @@
+"""``zkbeat.DatabaseScheduler``: django-celery-beat's schedule under zkbeat's leadership.
+
+    celery -A proj beat --scheduler zkbeat.DatabaseScheduler
+
+The schedule lives in django-celery-beat's tables, where operators edit it in
+the Django admin; which ticks ran lives in zkbeat's ledger in ZooKeeper.
+django-celery-beat's own scheduler assumes it is the only beat. Four of its
+habits would hurt with N replicas, and this module changes exactly those:
+
+* Its ``setup_schedule()`` upserts ``beat_schedule`` into the tables on every
+  replica at start-up. Here a replica does that when it first becomes leader.
+* Its ``schedule`` property may query the database on every access. Here a
+  follower sends no query at all, and the leader reads once per pass of its
+  loop; django-celery-beat's change tracking (``PeriodicTasks``) tells it of
+  anything added, edited, disabled or deleted in the admin since.
+* It writes ``last_run_at`` when it syncs, every few minutes and at exit.
+  Here only the leader syncs, and a replica that stops leading drops what it
+  had pending, so it never writes its stale view over a newer leader's. After
+  a failover the rows may be minutes behind, so the ledger decides each
+  entry's last run, unless the row itself vouches for one at least as new (a
+  one-off an operator re-armed after it ran: see ``ModelEntry.vouched_run``).
+* ``ModelEntry.__next__`` advances the row object in place, so the entry being
+  published and its successor share one row: a claim that did not commit
+  would still count a run (and so disable a one-off). Here each successor
+  gets its own copy of the row.
+
+Only the leader writes the rows, and only what django-celery-beat itself
+would write; those writes are not fenced by ZooKeeper (the publishes are), so
+the ledger, never the database, is what decides whether a tick ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from celery import beat
+from celery.utils.time import maybe_make_aware
+from django.db import Error as DatabaseError
+from django.db import close_old_connections
+from django_celery_beat import schedulers
+from django_celery_beat.models import PeriodicTask
+
+from ..ledger import LedgerRecord
+from ..scheduler import LeaderScheduleMixin
+
+__all__ = ["DatabaseScheduler", "ModelEntry"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between full re-reads of the schedule even without a change
+#: (django-celery-beat's own rule: its crontab pre-filter depends on the hour).
+FULL_RELOAD_INTERVAL = schedulers.SCHEDULE_SYNC_MAX_INTERVAL
+
+
+class ModelEntry(schedulers.ModelEntry):
+    """A django-celery-beat entry whose run state is its row's own.
+
+    ``last_run_at`` and ``total_run_count`` read and write the row object,
+    so what the ledger merges in is what ``is_due`` sees (a one-off checks
+    the row's count), what ``__next__`` advances and what ``save`` writes.
+    """
+
+    def __init__(self, model: PeriodicTask, app: Any = None) -> None:
+        self.model = model  # the properties below need it before the base class assigns them
+        #: The row's last run as read, before django-celery-beat fills in a
+        #: default for rows that never ran (None then).
+        self.row_last_run_at: datetime | None = model.last_run_at
+        super().__init__(model, app=app)
+
+    @property  # type: ignore[override]
+    def last_run_at(self) -> datetime:
+        return self.model.last_run_at
+
+    @last_run_at.setter
+    def last_run_at(self, value: datetime) -> None:
+        self.model.last_run_at = value
+
+    @property  # type: ignore[override]
+    def total_run_count(self) -> int:
+        return self.model.total_run_count
+
+    @total_run_count.setter
+    def total_run_count(self, value: int) -> None:
+        self.model.total_run_count = value
+
+    def __next__(self) -> ModelEntry:
+        # django-celery-beat advances self.model in place; a copy keeps this
+        # entry intact for a retry if its claim does not commit.
+        model = copy.copy(self.model)
+        model.last_run_at = self._default_now()
+        model.total_run_count += 1
+        model.no_changes = True
+        return self.__class__(model, app=self.app)
+
+    def __copy__(self) -> ModelEntry:
+        # ScheduleEntry's __reduce__ rebuilds from its own constructor's
+        # arguments, which a ModelEntry does not take; a shallow copy shares the row.
+        clone = self.__class__.__new__(self.__class__)
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def vouched_run(self) -> datetime | None:
+        """The newest run the row itself vouches for, weighed against the ledger's.
+
+        That is the row's own ``last_run_at``. A one-off that never ran also
+        vouches for its last change: an operator who deletes a one-off and
+        creates it again under the same name expects it to run, although the
+        ledger remembers its namesake's run. (A periodic task in that case
+        keeps the ledger's older run and is caught up once.)
+        """
+        if self.row_last_run_at is not None:
+            return self.row_last_run_at
+        if self.model.one_off:
+            return self.model.date_changed
+        return None
+
+
+class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
+    """django-celery-beat's DatabaseScheduler with zkbeat's leadership and ledger.
+
+    ``celery -A proj beat --scheduler zkbeat.DatabaseScheduler``
+    """
+
+    Entry = ModelEntry
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._host_set_up = False  # beat_schedule upserted (first promotion)
+        self._reload_wanted = True
+        self._reloaded_at = 0.0
+        super().__init__(*args, **kwargs)
+
+    @property
+    def schedule(self) -> dict[str, ModelEntry]:
+        """The schedule as the leader last read it; reading it sends no query."""
+        if self._schedule is None:
+            self._schedule = {}
+        return self._schedule
+
+    # -- leadership --------------------------------------------------------
+
+    def _setup_host_schedule(self) -> None:
+        """Nothing at start-up: django-celery-beat's setup writes; it runs on promotion."""
+
+    def _on_promote(self) -> None:
+        """A new leader starts from the database's current schedule."""
+        self._reload_wanted = True
+        try:
+            if not self._host_set_up:
+                # django-celery-beat's own setup: default entries and
+                # beat_schedule into the tables, where the admin shows them.
+                schedulers.DatabaseScheduler.setup_schedule(self)
+                self._host_set_up = True
+            self._reload()
+        except DatabaseError as exc:
+            logger.error("zkbeat: cannot read the schedule from the database (%r); retrying on every pass", exc)
+
+    def _on_demote(self) -> None:
+        if self._dirty:
+            logger.info("zkbeat: not leading: dropping unsynced run times of %s", ", ".join(sorted(self._dirty)))
+        self._dirty.clear()
+        self._reload_wanted = True
+
+    def _merge(self, records: dict[str, LedgerRecord]) -> None:
+        """Take the ledger's last run unless the row vouches for one at least as new."""
+        trusted = {}
+        for name, record in records.items():
+            entry = self.schedule.get(name)
+            if entry is not None and record.state is not None:
+                vouched = entry.vouched_run()
+                if vouched is not None and maybe_make_aware(vouched) >= record.state.last_run_at:
+                    record = LedgerRecord(None, record.version)
+            trusted[name] = record
+        super()._merge(trusted)
+
+    # -- the loop ----------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if self._leading and not self._closed and self.election is not None and self.election.is_leader:
+            self._refresh()
+        return super().tick(*args, **kwargs)
+
+    def _refresh(self) -> None:
+        """Once per pass while leading: pick up admin changes, write run times when due."""
+        try:
+            if (
+                self._reload_wanted
+                or self.schedule_changed()
+                or time.monotonic() - self._reloaded_at >= FULL_RELOAD_INTERVAL
+            ):
+                self.sync()  # what we ran reaches the rows before they are read back
+                self._reload()
+            elif self._dirty and beat.Scheduler.should_sync(self):
+                self._do_sync()
+        except DatabaseError as exc:
+            self._reload_wanted = True
+            logger.error("zkbeat: cannot read the schedule from the database (%r); keeping the last one read", exc)
+
+    def _reload(self) -> None:
+        """Read every enabled task again; each is checked against the ledger before it runs."""
+        close_old_connections()
+        self._last_timestamp = self.Changes.last_change()
+        self._schedule = self.all_as_schedule()
+        self._reloaded_at = time.monotonic()
+        self._reload_wanted = False
+        self._dirty &= set(self._schedule)
+        # The rebuilt entries carry the rows' run times, which may be behind
+        # the ledger: forgetting their versions makes the mixin read the
+        # ledger for each before its first claim (_recheck_unknown).
+        self._versions.clear()
+        self._heap = None
+
+    def all_as_schedule(self) -> dict[str, ModelEntry]:
+        """Every enabled task; a row that cannot become an entry is logged and left out.
+
+        django-celery-beat skips only rows that raise ValueError; anything else
+        (a period that is not a timedelta unit, solar without ``ephem``) would
+        end every reload, and with it the schedule of every other task.
+        """
+        loaded = {}
+        for model in self.enabled_models():
+            try:
+                loaded[model.name] = self.Entry(model, app=self.app)
+            except DatabaseError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
+                logger.error("zkbeat: leaving out periodic task %r: it cannot be scheduled: %r", model.name, exc)
+        return loaded
+
+    def apply_async(self, entry: beat.ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
+        result = super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+        self._dirty.add(entry.name)  # published: its new run time goes to the row at the next sync
+        return result
+
+    def should_sync(self) -> bool:
+        # Celery asks inside apply_async, before the mixin has stored the
+        # advanced entry, so a sync there would write the previous run.
+        # _refresh syncs at the top of the next pass instead.
+        return False
+
+    def sync(self) -> None:
+        """Write run times to the rows, only while leading (also at exit)."""
+        if self._leading and self.election is not None and self.election.is_leader:
+            super().sync()
