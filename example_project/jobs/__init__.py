@@ -1,0 +1,1 @@
+"""The four jobs this project exists for: message cleanup, analytics, session expiry, broadcasts."""
