@@ -32,6 +32,7 @@ from tests.helpers import wait_for
 from tests.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.cli import main as zkbeat_command
+from zkbeat.ledger import EntryState, encode_state
 
 USER, SECRET = "zkbeat", "s3cret"
 CREDENTIAL = f"{USER}:{SECRET}"
@@ -132,6 +133,10 @@ def intruders(zk_server: ZooKeeperServer) -> Iterator[dict[str, KazooClient]]:
     for client in clients.values():
         client.stop()
         client.close()
+
+
+def lead(scheduler: Scheduler) -> None:
+    assert scheduler.election.wait_for_leadership(timeout=15)
 
 
 def every(seconds: float, **spec) -> dict:
@@ -515,3 +520,100 @@ def test_scheduler_does_not_connect_over_a_bad_tls_setup(case: str, reason: str,
     assert not scheduler.zk_client.connected
     assert scheduler.election.candidate is None
     assert published.headers == []
+
+
+# --------------------------------------------------------------------------
+# 4. Hostile or broken input
+# --------------------------------------------------------------------------
+
+MALLORY = [("digest", "mallory:pw")]
+MALLORY_ACL = make_digest_acl("mallory", "pw", all=True)
+
+
+@pytest.fixture
+def mallory(zk_server: ZooKeeperServer) -> Iterator[KazooClient]:
+    """Another ZooKeeper user, who got to zkbeat's znodes first."""
+    client = connect(zk_server.hosts, MALLORY)
+    yield client
+    client.stop()
+    client.close()
+
+
+def zk_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("zkbeat") and r.levelno >= logging.WARNING]
+
+
+def test_root_owned_by_someone_else_is_logged_and_survived(make_scheduler, published: Published, mallory: KazooClient,
+                                                           zk_root: str, caplog: pytest.LogCaptureFixture) -> None:
+    """NoAuth on the root: the scheduler says why, keeps contending without crashing, and leads once it may."""
+    mallory.create(zk_root, b"mine", acl=[MALLORY_ACL], makepath=True)
+    caplog.set_level(logging.DEBUG, logger="zkbeat")
+    scheduler = make_scheduler({"tidy": every(0.2)}, zkbeat_auth=AUTH)
+
+    def refused_twice() -> bool:
+        assert scheduler.tick() == 0
+        return sum("NoAuth" in r.getMessage() for r in caplog.records if r.name.startswith("zkbeat")) >= 2
+
+    wait_for(refused_twice, timeout=20, message=lambda: "\n".join(zk_warnings(caplog)))
+    assert published.headers == []
+    assert not scheduler.election.is_leader
+    reason = next(m for m in zk_warnings(caplog) if "NoAuth" in m)
+    assert zk_root in reason, reason
+
+    mallory.set_acls(zk_root, [MALLORY_ACL, OWNER_ACL])  # access granted: the retrying replica now leads
+    lead_and_publish(scheduler, published)
+    assert set(published.entries()) == {"tidy"}
+
+
+def test_ledger_owned_by_someone_else_is_logged_and_survived(make_scheduler, published: Published,
+                                                             mallory: KazooClient, zk_root: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """NoAuth on the ledger: the leader says where, publishes nothing, keeps contending, and publishes once allowed."""
+    mallory.ensure_path(f"{zk_root}/v1")  # open to all, like a root zkbeat made without zkbeat_auth
+    mallory.create(f"{zk_root}/v1/entries", b"", acl=[MALLORY_ACL])
+    caplog.set_level(logging.DEBUG, logger="zkbeat")
+    scheduler = make_scheduler({"tidy": every(0.2)}, zkbeat_auth=AUTH)
+
+    def refused_twice() -> bool:
+        scheduler.tick()
+        return sum("NoAuth" in m for m in zk_warnings(caplog)) >= 2
+
+    wait_for(refused_twice, timeout=20, message=lambda: "\n".join(zk_warnings(caplog)))
+    assert published.headers == []
+    assert any(zk_root in m for m in zk_warnings(caplog) if "NoAuth" in m), zk_warnings(caplog)
+    mallory.set_acls(f"{zk_root}/v1/entries", [MALLORY_ACL, OWNER_ACL])
+    lead_and_publish(scheduler, published)
+
+
+def test_entry_someone_else_made_read_only_is_survived(make_scheduler, published: Published, mallory: KazooClient,
+                                                       zk_root: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A ledger entry zkbeat may read but not write: each refused claim is logged with its name, no busy loop."""
+    entries = f"{zk_root}/v1/entries"
+    mallory.ensure_path(entries)
+    state = encode_state(EntryState(LONG_AGO, 3))
+    mallory.create(f"{entries}/locked", state, acl=[MALLORY_ACL, ACL(Permissions.READ, Id("world", "anyone"))])
+    caplog.set_level(logging.INFO, logger="zkbeat")
+    scheduler = make_scheduler({"locked": every(0.2)}, zkbeat_auth=AUTH)
+    lead(scheduler)
+    claims: list[object] = []
+    claim = scheduler.ledger.claim
+
+    def counting_claim(*args, **kwargs):
+        claims.append(args)
+        return claim(*args, **kwargs)
+
+    scheduler.ledger.claim = counting_claim
+    delays = []
+
+    def refused_three_times() -> bool:
+        delays.append(scheduler.tick())
+        return len(refusals()) >= 3
+
+    def refusals() -> list[str]:
+        return [m for m in zk_warnings(caplog) if "NoAuth" in m and "'locked'" in m]
+
+    wait_for(refused_three_times, timeout=30, message=lambda: "\n".join(zk_warnings(caplog)))
+    assert published.headers == []
+    assert len(claims) <= len(refusals()) + 1, f"{len(claims)} claims, {len(refusals())} logged: a silent retry loop"
+    assert any(delay >= 1 for delay in delays), "a refused claim backs off instead of retrying at once"
+    assert mallory.get(f"{entries}/locked")[0] == state

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError, ZookeeperError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, ZookeeperError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 __all__ = ["LeaderElection", "LATENT", "STARTED", "CLOSED", "candidate_sequence"]
@@ -272,7 +272,16 @@ class LeaderElection:
                 self._drop_leadership()
                 failures += 1
                 log = logger.debug if failures > 1 else logger.warning
-                log("zkbeat: election check failed (%r); retrying", exc)
+                if isinstance(exc, NoAuthError):
+                    # Nothing in kazoo's error says where: name the path, or
+                    # the operator is left guessing whose ACL is in the way.
+                    log(
+                        "zkbeat: ZooKeeper denied access (NoAuth) to %s or a parent: its ACL does not grant "
+                        "this client's credentials; retrying",
+                        self.path,
+                    )
+                else:
+                    log("zkbeat: election check failed (%r); retrying", exc)
             except Exception:  # noqa: BLE001 - the worker must outlive bugs in data
                 self._drop_leadership()
                 failures += 1

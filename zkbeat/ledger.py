@@ -300,4 +300,4 @@ def _failure(outcomes: list[Any], claims: list[Claim], fence: str) -> FencedErro
     # InvalidACL, ...). Re-reading and claiming again at once, as for a
     # conflict, would only loop as fast as ZooKeeper answers; the caller gets
     # the ZooKeeper error it is, naming the entry, and backs off.
-    return ClaimConflictError([claims[index - 1].name])
+    raise type(outcome)(f"ZooKeeper refused the claim of entry {claims[index - 1].name!r} ({type(outcome).__name__})")

@@ -204,7 +204,13 @@ class LeaderScheduleMixin:
             election.recheck()
             return 0
         except ZOOKEEPER_ERRORS as exc:
-            logger.warning("zkbeat: ZooKeeper error while leading (epoch %s): %r; stepping down", self._epoch, exc)
+            # Name the root: kazoo's errors (NoAuth above all) never say where.
+            logger.warning(
+                "zkbeat: ZooKeeper error while leading %s (epoch %s): %r; stepping down",
+                self.zk_settings.root,
+                self._epoch,
+                exc,
+            )
             self._demote("ZooKeeper error")
             election.step_down()
             return RETRY_DELAY
