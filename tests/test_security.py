@@ -617,3 +617,118 @@ def test_entry_someone_else_made_read_only_is_survived(make_scheduler, published
     assert len(claims) <= len(refusals()) + 1, f"{len(claims)} claims, {len(refusals())} logged: a silent retry loop"
     assert any(delay >= 1 for delay in delays), "a refused claim backs off instead of retrying at once"
     assert mallory.get(f"{entries}/locked")[0] == state
+
+
+def test_garbage_candidates_are_shown_unreadable_and_the_election_goes_on(
+    make_scheduler, published: Published, zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Candidates holding bytes, a JSON list or ill-typed fields show as unreadable/unknown; leaders still lead."""
+    election = f"{zk_root}/v1/election"
+    first = make_scheduler({"tidy": every(0.2)}, zkbeat_identity="first")
+    lead_and_publish(first, published)
+    # A stranger's session puts junk in line behind the leader, and a node that is no candidate at all.
+    stranger = connect(zk_server.hosts)
+    junk = {
+        "bytes": b"\xff\xfe\x00not json",
+        "list": b"[1, 2, 3]",
+        "types": json.dumps({"identity": ["x"], "pid": "12", "host": 7, "started_at": 3}).encode(),
+        "forger": json.dumps({"identity": "evil\x1b[2J\nleader: mallory", "leader_since": "\r\x07"}).encode(),
+    }
+    try:
+        for name, data in junk.items():
+            stranger.create(f"{election}/candidate-{name}-", data, ephemeral=True, sequence=True)
+        stranger.create(f"{election}/not-a-candidate", b"\x00")
+        app = app_for({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root})
+
+        found = json.loads(run_cli(app, "status", "--json", monkeypatch=monkeypatch).stdout)
+        forged = "evil\x1b[2J\nleader: mallory"
+        assert [c["identity"] for c in found["candidates"]] == ["first", None, None, "['x']", forged]
+        assert [c["readable"] for c in found["candidates"]] == [True, False, False, True, True]
+        assert found["candidates"][3]["pid"] is None
+        text = run_cli(app, "status", monkeypatch=monkeypatch)
+        assert text.exit_code == 0 and text.stdout.count("<unreadable data>") == 2, text.stdout
+        assert "evil\\x1b[2J\\nleader: mallory" in text.stdout, "shown escaped, on its own row"
+        assert not any(ch in text.stdout for ch in "\x1b\r\x07")
+        assert [line for line in text.stdout.splitlines() if line.startswith("leader:")] == [
+            text.stdout.splitlines()[1]
+        ], "no forged report line"
+
+        count = len(published.headers)
+        wait_for(lambda: first.tick() is not None and len(published.headers) > count, timeout=10)
+        first.close()  # handover: the junk is next in line now
+        second = make_scheduler({"tidy": every(0.2)}, zkbeat_identity="second")
+        wait_for(lambda: second.election.candidate is not None)
+        found = json.loads(run_cli(app, "status", "--json", monkeypatch=monkeypatch).stdout)
+        assert found["leader"]["readable"] is False
+        assert [c["identity"] for c in found["candidates"]][-1] == "second"
+        health = run_cli(app, "health", monkeypatch=monkeypatch)
+        assert health.exit_code == 0 and health.stdout.startswith("ok: ? leads"), output_of(health)
+        for _ in range(3):
+            assert second.tick() == 0, "behind the junk, the new replica only waits"
+    finally:
+        stranger.stop()  # its session ends: the junk goes, as a crashed replica's candidate would
+        stranger.close()
+    count = len(published.headers)
+    wait_for(lambda: second.tick() is not None and len(published.headers) > count, timeout=20)
+    assert published.headers[-1]["zkbeat-epoch"] == second.election.epoch
+    assert zk_client.exists(f"{election}/not-a-candidate") is not None
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("case", ["missing", "foreign", "zookeeper"])
+@pytest.mark.parametrize("command", ["status", "health"])
+def test_a_root_that_is_not_zkbeats_is_refused_in_one_line(case: str, command: str, zk_server: ZooKeeperServer,
+                                                           zk_client: KazooClient, zk_root: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`zkbeat status`/`health` on a path that is missing or holds something else exit 1 with a one-line reason."""
+    root = {"missing": zk_root, "foreign": zk_root, "zookeeper": "/zookeeper"}[case]
+    if case == "foreign":
+        zk_client.create(f"{zk_root}/locks/lock-0001", b"x", makepath=True)
+        zk_client.create(f"{zk_root}/config", b'{"v1": true}')
+    result = run_cli(None, "--hosts", zk_server.hosts, "--root", root, command, monkeypatch=monkeypatch)
+    assert result.exit_code == 1, output_of(result)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zkbeat: ") and root in lines[0], result.stderr
+    assert ("does not exist" if case == "missing" else "is not a zkbeat root") in lines[0]
+
+
+HOSTILE_NAMES = [
+    "reports/daily",
+    "../../escape",
+    ".",
+    "..",
+    "100%/done",
+    "ünïcødé ☃ 日本語 🎉",
+    "tab\tnew\nline",
+    "x" * 1000,
+    "日" * 1000,
+]
+
+
+def test_hostile_entry_names_are_published_once_and_listed(make_scheduler, published: Published,
+                                                           owner: KazooClient, zk_server: ZooKeeperServer,
+                                                           zk_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entry names with '/', '..', unicode, control characters or 1000 characters run once each and show in status."""
+    schedule = {name: once() for name in HOSTILE_NAMES}
+    scheduler = make_scheduler(schedule)
+    lead_and_publish(scheduler, published, set(HOSTILE_NAMES))
+    for _ in range(5):
+        scheduler.tick()
+    assert sorted(published.entries()) == sorted(HOSTILE_NAMES), "each exactly once"
+    entries = f"{zk_root}/v1/entries"
+    assert len(owner.get_children(entries)) == len(HOSTILE_NAMES), "one znode each, directly under entries/"
+    assert sorted(owner.get_children(f"{zk_root}/v1")) == ["election", "entries"], "nothing escaped entries/"
+
+    app = app_for({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "beat_schedule": schedule})
+    as_json = run_cli(app, "status", "--json", "--all", monkeypatch=monkeypatch)
+    assert as_json.exit_code == 0, output_of(as_json)
+    listed = {e["name"]: e for e in json.loads(as_json.stdout)["entries"]}
+    assert sorted(listed) == sorted(HOSTILE_NAMES)
+    assert all(e["total_run_count"] == 1 and e["readable"] and e["next_due"] for e in listed.values())
+    text = run_cli(app, "status", "--all", monkeypatch=monkeypatch)
+    assert text.exit_code == 0, output_of(text)
+    for name in HOSTILE_NAMES:
+        assert name.replace("\t", "\\t").replace("\n", "\\n") in text.stdout
+    assert len(text.stdout.splitlines()) == 5 + 1 + 1 + len(HOSTILE_NAMES), "one line per entry"

@@ -185,7 +185,18 @@ def _span(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``).
+
+    Entry names and candidate identities come from znodes that anyone allowed
+    to write there controls: a newline must not forge a line of the report,
+    nor an escape sequence drive the operator's terminal.
+    """
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
 def _table(rows: list[list[str]]) -> list[str]:
+    rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
@@ -197,8 +208,10 @@ def _render(found: ClusterStatus, show_all: bool) -> str:
         lines.append("leader: none (no replica is in the election)")
     else:
         lines.append(
-            f"leader: {leader.identity or '?'} (host {leader.host or '?'}, pid {leader.pid or '?'}) "
-            f"epoch {leader.epoch}, leading since {_ago(leader.leader_since)}"
+            _printable(
+                f"leader: {leader.identity or '?'} (host {leader.host or '?'}, pid {leader.pid or '?'}) "
+                f"epoch {leader.epoch}, leading since {_ago(leader.leader_since)}"
+            )
         )
     rows = [["#", "epoch", "identity", "host", "pid", "started", "version"]]
     for place, c in enumerate(found.candidates, 1):
@@ -239,7 +252,7 @@ def step_down(ctx: click.Context, wait: bool, wait_timeout: float) -> None:
             client.delete(leader.znode)
         except NoNodeError:
             pass
-        click.echo(f"asked {leader.identity or leader.znode} (epoch {leader.epoch}) to step down")
+        click.echo(f"asked {_printable(leader.identity or leader.znode)} (epoch {leader.epoch}) to step down")
         if not wait:
             return
         deadline = time.monotonic() + wait_timeout
@@ -248,7 +261,7 @@ def step_down(ctx: click.Context, wait: bool, wait_timeout: float) -> None:
             new = found.leader
             if new is not None and new.epoch != leader.epoch:
                 if any(e.epoch is not None and e.epoch >= new.epoch for e in found.entries):
-                    click.echo(f"{new.identity} (epoch {new.epoch}) leads and has published")
+                    click.echo(f"{_printable(new.identity or '?')} (epoch {new.epoch}) leads and has published")
                     return
             time.sleep(0.2)
         _fail(1, f"no new leader published within {wait_timeout:g}s")
@@ -266,7 +279,7 @@ def health(ctx: click.Context, local: bool) -> None:
         found = _read(target, client)
     if found.leader is None:
         _fail(1, f"no leader: no replica is in the election under {found.root}")
-    click.echo(f"ok: {found.leader.identity or '?'} leads (epoch {found.leader.epoch}), "
+    click.echo(f"ok: {_printable(found.leader.identity or '?')} leads (epoch {found.leader.epoch}), "
                f"{len(found.candidates)} candidate(s)")
 
 
