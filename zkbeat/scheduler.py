@@ -35,6 +35,8 @@ from kazoo.protocol.states import KazooState
 from . import __version__
 from ._signals import hold_shutdown_signals
 from ._zookeeper import make_client
+from .broker import forget as forget_broker
+from .broker import is_broker_error, wait_for_broker
 from .conf import ENTRY_MISFIRE_OPTION, Settings, parse_misfire_grace_time, read_settings
 from .election import LeaderElection
 from .exceptions import ClaimConflictError, ConfigurationError, FencedError
@@ -53,6 +55,9 @@ CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
 MAX_BATCH = 5000
 #: Seconds before a leader retries after ZooKeeper or the broker failed it.
 RETRY_DELAY = 1.0
+#: Longest a leader waits inside kombu's retry policy for the broker per pass
+#: (bounded by beat's max interval), so beat's loop still turns while it is down.
+BROKER_WAIT = 5.0
 
 
 class LeaderScheduleMixin:
@@ -79,6 +84,7 @@ class LeaderScheduleMixin:
         self._versions: dict[str, int] = {}
         self._unconfirmed: dict[str, tuple[beat.ScheduleEntry, beat.ScheduleEntry, datetime, EntryState]] = {}
         self._closed = False
+        self._broker_down = False
         if kwargs.get("schedule_filename"):
             logger.debug(
                 "zkbeat: ignoring -s %s: the ZooKeeper ledger replaces the shelve file", kwargs["schedule_filename"]
@@ -268,12 +274,8 @@ class LeaderScheduleMixin:
         the tick as run and skipped it), so publishing it now, late, is the
         only way it is not lost. Anything else means it was not ours to send.
         """
-        try:
-            producer = self.producer
-        except Exception as exc:  # noqa: BLE001 - broker down: keep them for the next takeover
-            logger.error("zkbeat: broker unavailable; %d confirmed claims wait: %r", len(self._unconfirmed), exc)
-            self.__dict__.pop("producer", None)
-            self.__dict__.pop("connection", None)
+        producer = self._producer(len(self._unconfirmed))
+        if producer is None:
             return
         with hold_shutdown_signals():
             for name, (entry, next_entry, slot, state) in list(self._unconfirmed.items()):
@@ -349,12 +351,8 @@ class LeaderScheduleMixin:
         ticks = [self._plan(event, entry, next_time, now) for event, entry, next_time in due]
         if not ticks:
             return
-        try:
-            producer = self.producer  # connect to the broker before signals are held
-        except Exception as exc:  # noqa: BLE001 - a broker outage must not end beat
-            logger.error("zkbeat: broker unavailable; %d due entries wait: %r", len(ticks), exc)
-            self.__dict__.pop("producer", None)
-            self.__dict__.pop("connection", None)
+        producer = self._producer(len(ticks))  # the broker answers, before anything is claimed
+        if producer is None:
             self._requeue([tick.retry_event(self, RETRY_DELAY) for tick in ticks])
             return
         requeue = []
@@ -388,7 +386,9 @@ class LeaderScheduleMixin:
                         self.zk_settings.identity,
                         self._epoch,
                     )
-                elif not self._publish(tick.entry, tick.slot, producer):
+                elif self._broker_down or not self._publish(tick.entry, tick.slot, producer):
+                    # Once the broker is gone the rest of the batch is withdrawn
+                    # unsent, instead of each waiting out kombu's retries in turn.
                     self._revert(tick.entry, tick.claim, version)
                     requeue.append(tick.retry_event(self, RETRY_DELAY))
                     continue
@@ -401,6 +401,35 @@ class LeaderScheduleMixin:
             self._resolve_conflict(result.error.names)
         if isinstance(result.error, FencedError):
             raise result.error
+
+    def _producer(self, waiting: int) -> Any:
+        """Beat's producer once kombu has (re)connected to the broker; None if it is down.
+
+        The wait runs under kombu's retry policy (zkbeat.broker), at most
+        BROKER_WAIT seconds per pass, before anything is claimed: ticks that
+        come due meanwhile stay due, unclaimed, and go out once it is back.
+        """
+        error = wait_for_broker(self.connection, min(self.max_interval, BROKER_WAIT))
+        if error is None:
+            try:
+                producer = self.producer
+            except Exception as exc:  # noqa: BLE001 - a broker outage must not end beat
+                error = exc
+        if error is not None:
+            if not self._broker_down:
+                logger.error(
+                    "zkbeat: broker unreachable (%r); %d due ticks wait, unclaimed, while kombu reconnects (%s)",
+                    error,
+                    waiting,
+                    self.zk_settings.identity,
+                )
+            self._broker_down = True
+            forget_broker(self)
+            return None
+        if self._broker_down:
+            logger.info("zkbeat: broker reachable again; publishing what came due (%s)", self.zk_settings.identity)
+            self._broker_down = False
+        return producer
 
     def _plan(self, event: Any, entry: beat.ScheduleEntry, next_time: float, now: datetime) -> _Tick:
         """Decide publish-or-skip for one due entry and the ledger state to claim."""
@@ -507,6 +536,9 @@ class LeaderScheduleMixin:
             self.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
             logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
+            if is_broker_error(exc, self.__dict__.get("connection")):
+                self._broker_down = True
+                forget_broker(self)
             self.metrics.publish_error()
             return False
         self.metrics.published()

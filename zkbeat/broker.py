@@ -1,0 +1,86 @@
+"""Riding out a broker outage with kombu's own retry policy.
+
+A leader must not claim ticks it cannot send: each claim it then has to
+withdraw is two ZooKeeper writes and a publish attempt per entry per second,
+with beat's shutdown signals held all the while. So before claiming, the
+leader asks kombu to (re)establish the broker connection, under kombu's
+retry policy (``Connection.ensure_connection``: back-off, a bound on the
+total wait), and claims only once that succeeded. While the broker is down
+the due ticks simply stay due; when it is back each is published once, late,
+or skipped if it is past its misfire grace time.
+
+Establishing a connection is the probe: kombu's Redis transport pings the
+server when it builds a channel, whereas ``Connection.connected`` of a
+connection built before the outage still says True. That is why a leader
+whose publish failed throws the connection away (:func:`forget`), so that the
+next wait really asks the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kombu.exceptions import OperationalError
+
+__all__ = ["RETRY_POLICY", "wait_for_broker", "is_broker_error", "forget"]
+
+logger = logging.getLogger(__name__)
+
+#: kombu's retry policy while waiting for the broker: try again at once, then
+#: every half second, then every second; a returning broker is used within a
+#: second. The total wait per call is bounded by the caller's ``timeout``.
+RETRY_POLICY = {"interval_start": 0, "interval_step": 0.5, "interval_max": 1.0}
+
+
+def wait_for_broker(connection: Any, timeout: float, errback: Callable[[Exception, float], None] | None = None) -> (
+    Exception | None
+):
+    """Have kombu (re)connect ``connection`` within ``timeout`` seconds.
+
+    Returns None when the broker answers, else the last error. Never raises a
+    connection error: beat must outlive any broker outage.
+    """
+    try:
+        connection.ensure_connection(errback=errback, max_retries=None, timeout=timeout, **RETRY_POLICY)
+    except (OperationalError, *_errors(connection)) as exc:
+        return exc
+    return None
+
+
+def is_broker_error(exc: BaseException, connection: Any) -> bool:
+    """True when ``exc`` (or what it was raised from) says the broker is unreachable.
+
+    Celery wraps a failed publish in ``SchedulingError`` raised inside the
+    except block, so the cause is found on ``__cause__``/``__context__``.
+    Anything else (a task that cannot be serialised, say) is not a reason to
+    wait for the broker.
+    """
+    kinds = (OperationalError, ConnectionError, TimeoutError, *_errors(connection))
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kinds):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def forget(scheduler: Any) -> None:
+    """Drop beat's cached broker connection and producer, so the next use reconnects."""
+    connection = scheduler.__dict__.pop("connection", None)
+    scheduler.__dict__.pop("producer", None)
+    if connection is not None:
+        try:
+            connection.release()
+        except Exception:  # noqa: BLE001 - it is broken already; we only let it go
+            logger.debug("zkbeat: error releasing the broker connection", exc_info=True)
+
+
+def _errors(connection: Any) -> tuple[type[BaseException], ...]:
+    try:
+        return tuple(connection.recoverable_connection_errors) + tuple(connection.connection_errors)
+    except Exception:  # noqa: BLE001 - a transport that cannot say: rely on OperationalError
+        return ()
