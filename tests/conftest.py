@@ -18,6 +18,9 @@ from kazoo.client import KazooClient
 
 from tests.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 
+# PostgreSQL + Django fixtures of the DatabaseScheduler tests (Django loads only when used).
+pytest_plugins = ["tests.djangosupport"]
+
 
 @pytest.fixture(scope="session")
 def zk_server() -> Iterator[ZooKeeperServer]:

@@ -1,0 +1,288 @@
+"""Django on real PostgreSQL for the DatabaseScheduler tests, and its beat replicas.
+
+The project under test is example_project/: the pytest process configures
+Django with its settings on a PostgreSQL database of its own (created here,
+dropped afterwards), so tests change the schedule through the ORM as the admin
+does, while beat replicas are real ``celery beat`` processes of the same
+project on the same database (``-A tests.djangobeat``).
+
+PostgreSQL is a system service, not started here: ``ZKBEAT_TEST_POSTGRES``
+(default ``postgres://postgres@127.0.0.1:5432``). If it cannot be reached the
+tests fail with a message saying how to provide one; they never skip.
+
+A trigger records every write to django-celery-beat's task table with the
+writer's ``application_name``; replicas set it (``PGAPPNAME``) to their
+identity, so a test can name every process that wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from tests.processes import ROOT, Publish, Replica
+
+EXAMPLE_PROJECT = ROOT / "example_project"
+POSTGRES_URL = os.environ.get("ZKBEAT_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
+POSTGRES_HINT = (
+    "run PostgreSQL on 127.0.0.1:5432 with trust auth for user postgres "
+    "(apt-get install -y postgresql), or point ZKBEAT_TEST_POSTGRES at one: postgres://user:password@host:port"
+)
+#: The tables a test starts without rows in (the schedule, its change marker, the jobs' data).
+TABLES = (
+    "django_celery_beat_periodictask",
+    "django_celery_beat_periodictasks",
+    "django_celery_beat_intervalschedule",
+    "django_celery_beat_crontabschedule",
+    "django_celery_beat_solarschedule",
+    "django_celery_beat_clockedschedule",
+    "jobs_jobrun",
+    "jobs_broadcast",
+    "jobs_message",
+    "jobs_analyticssnapshot",
+    "zkbeat_test_writes",
+)
+AUDIT_SQL = """
+CREATE TABLE zkbeat_test_writes (
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    app text NOT NULL,
+    op text NOT NULL,
+    name text NOT NULL
+);
+CREATE FUNCTION zkbeat_test_log_write() RETURNS trigger AS $$
+BEGIN
+    INSERT INTO zkbeat_test_writes (app, op, name)
+    VALUES (current_setting('application_name'), TG_OP, COALESCE(NEW.name, OLD.name));
+    RETURN NULL;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER zkbeat_test_log_write AFTER INSERT OR UPDATE OR DELETE ON django_celery_beat_periodictask
+    FOR EACH ROW EXECUTE FUNCTION zkbeat_test_log_write();
+"""
+
+
+def _admin_connection():
+    import psycopg2
+
+    parts = urlsplit(POSTGRES_URL)
+    try:
+        connection = psycopg2.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 5432,
+            user=parts.username or "postgres",
+            password=parts.password or None,
+            dbname="postgres",
+            connect_timeout=5,
+        )
+    except psycopg2.OperationalError as exc:
+        raise RuntimeError(f"PostgreSQL is not reachable at {POSTGRES_URL} ({exc}): {POSTGRES_HINT}") from None
+    connection.autocommit = True
+    return connection
+
+
+@pytest.fixture(scope="session")
+def django_database() -> Iterator[str]:
+    """A fresh PostgreSQL database with the example project migrated; Django configured on it."""
+    name = f"zkbeat_test_{uuid.uuid4().hex[:12]}"
+    admin = _admin_connection()
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    url = f"{POSTGRES_URL.rstrip('/')}/{name}"
+    try:
+        _configure_django(url)
+        from django.core.management import call_command
+        from django.db import connection
+
+        call_command("migrate", verbosity=0)
+        with connection.cursor() as cursor:
+            cursor.execute(AUDIT_SQL)
+        yield url
+    finally:
+        with contextlib.suppress(Exception):
+            from django.db import connections
+
+            connections.close_all()
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def _configure_django(url: str) -> None:
+    """Django with the example project's settings on ``url``, then the environment as it was.
+
+    The variables are removed again so that Celery apps other tests create do
+    not pick up Django (Celery's Django fixup looks at DJANGO_SETTINGS_MODULE).
+    """
+    import django
+
+    if str(EXAMPLE_PROJECT) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE_PROJECT))
+    saved = {key: os.environ.get(key) for key in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+    os.environ.update(DJANGO_SETTINGS_MODULE="proj.settings", DATABASE_URL=url)
+    try:
+        django.setup()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def beat_db(django_database: str) -> str:
+    """The test database, emptied of schedules, job runs and recorded writes."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+    return django_database
+
+
+class CapturedSql(list):
+    """SQL statements one thread sent through Django while capturing."""
+
+    def writes(self) -> list[str]:
+        return [sql for sql in self if sql.lstrip().split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE")]
+
+
+@contextlib.contextmanager
+def capture_sql() -> Iterator[CapturedSql]:
+    """Record every statement this thread sends through Django's default connection."""
+    from django.db import connection
+
+    captured = CapturedSql()
+
+    def record(execute, sql, params, many, context):
+        captured.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield captured
+
+
+def recorded_writes() -> list[tuple[datetime, str, str, str]]:
+    """(at, application_name, operation, task name) of every write to the task table."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT at, app, op, name FROM zkbeat_test_writes ORDER BY at")
+        return list(cursor.fetchall())
+
+
+def interval_task(name: str, seconds: int, task: str = "jobs.cleanup_messages", **fields):
+    """Create (like the admin would) a periodic task every ``seconds``."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every, _ = IntervalSchedule.objects.get_or_create(every=seconds, period=IntervalSchedule.SECONDS)
+    return PeriodicTask.objects.create(name=name, task=task, interval=every, **fields)
+
+
+def one_off_task(name: str, at: datetime | None = None, task: str = "jobs.expire_sessions", **fields):
+    """Create a one-off task clocked at ``at`` (now by default)."""
+    from django.utils import timezone
+    from django_celery_beat.models import ClockedSchedule, PeriodicTask
+
+    clocked = ClockedSchedule.objects.create(clocked_time=at or timezone.now() - timedelta(milliseconds=1))
+    return PeriodicTask.objects.create(name=name, task=task, clocked=clocked, one_off=True, **fields)
+
+
+class DjangoReplica(Replica):
+    """``celery beat`` of the example project with zkbeat.DatabaseScheduler (via tests.djangobeat)."""
+
+    def start(self, extra_env: dict[str, str] | None = None) -> DjangoReplica:
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.djangobeat", "beat",
+             "--scheduler", "zkbeat.DatabaseScheduler", "--loglevel", "INFO"],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                **self._env,
+                **(extra_env or {}),
+                "ZKBEAT_IDENTITY": self.identity,
+                "PGAPPNAME": self.identity,
+                "PYTHONPATH": f"{ROOT}{os.pathsep}{EXAMPLE_PROJECT}",
+            },
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        return self
+
+
+def replica_env(*, database_url: str, zk_hosts: str, broker: str, root: str, record_key: str,
+                session_timeout: float = 2.0) -> dict[str, str]:  # fmt: skip
+    """The environment every replica of one test shares (same image, same config)."""
+    return {
+        "DATABASE_URL": database_url,
+        "CELERY_BROKER_URL": broker,
+        "ZKBEAT_HOSTS": zk_hosts,
+        "ZKBEAT_ROOT": root,
+        "ZKBEAT_SESSION_TIMEOUT": str(session_timeout),
+        "ZKBEAT_TEST_RECORD_KEY": record_key,
+    }
+
+
+
+def periodic_task(name: str):
+    """The task's row as it is in the database now."""
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.get(name=name)
+
+
+class DjangoCluster:
+    """Replicas of the example project's beat (same image, same config) plus what they published."""
+
+    def __init__(self, n: int, env: dict[str, str], log_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.env = {**env, **(extra_env or {})}
+        self.log_dir = log_dir
+        self.redis = redis.Redis.from_url(env["CELERY_BROKER_URL"])
+        self.record_key = env["ZKBEAT_TEST_RECORD_KEY"]
+        self.replicas: list[DjangoReplica] = []
+        for _ in range(n):
+            self._new()
+
+    def _new(self) -> DjangoReplica:
+        replica = DjangoReplica(f"replica-{len(self.replicas)}", self.env, self.log_dir)
+        self.replicas.append(replica)
+        return replica
+
+    def start(self) -> DjangoCluster:
+        for replica in self.replicas:
+            replica.start()
+        return self
+
+    def add(self) -> DjangoReplica:
+        return self._new().start()
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+    def publishes(self, entry: str | None = None) -> list[Publish]:
+        rows = [json.loads(raw) for raw in self.redis.lrange(self.record_key, 0, -1)]
+        found = [
+            Publish(r["entry"], datetime.fromisoformat(r["slot"]), r["epoch"], r["pid"], r["identity"], r["at"],
+                    r["task_id"])
+            for r in rows
+        ]  # fmt: skip
+        return [p for p in found if entry is None or p.entry == entry]
+
+    def replica(self, pid: int) -> DjangoReplica:
+        return next(r for r in self.replicas if r.pid == pid)
+
+    def logs(self, tail: int = 6000) -> str:
+        return "\n".join(f"===== {r.identity} =====\n{r.log()[-tail:]}" for r in self.replicas)

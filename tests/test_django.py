@@ -1,0 +1,334 @@
+"""zkbeat.DatabaseScheduler in-process on real PostgreSQL, ZooKeeper and Redis.
+
+The schedule is changed through the ORM, as the Django admin changes it, and
+the tests count what reached the broker (``after_task_publish``), what the
+rows say, and which SQL each replica sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import redis
+from celery import Celery, schedules
+from celery.signals import after_task_publish
+from kazoo.client import KazooClient
+
+from tests.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
+from tests.helpers import wait_for
+from tests.processes import ROOT
+from tests.servers import RedisServer, ZooKeeperServer
+from zkbeat.election import LeaderElection
+
+pytestmark = pytest.mark.usefixtures("beat_db")
+
+
+class Published:
+    """(entry, slot, args) of every message this process handed to the broker."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, list]] = []
+        after_task_publish.connect(self._record, weak=False)
+
+    def _record(self, headers=None, body=None, **kwargs) -> None:
+        headers = headers or {}
+        self.rows.append((headers.get("zkbeat-entry"), headers.get("zkbeat-slot"), list(body[0]) if body else []))
+
+    def of(self, entry: str) -> list[tuple[str, str, list]]:
+        return [row for row in self.rows if row[0] == entry]
+
+    def count(self, entry: str) -> int:
+        return len(self.of(entry))
+
+    def close(self) -> None:
+        after_task_publish.disconnect(self._record)
+
+
+@pytest.fixture
+def published() -> Iterator[Published]:
+    recorder = Published()
+    yield recorder
+    recorder.close()
+
+
+@pytest.fixture
+def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str) -> Iterator:
+    from zkbeat import DatabaseScheduler
+
+    made: list[DatabaseScheduler] = []
+
+    def make(beat_schedule: dict | None = None) -> DatabaseScheduler:
+        app = Celery("proj", set_as_current=False)
+        app.conf.update(
+            broker_url=redis_server.url,
+            zkbeat_hosts=zk_server.hosts,
+            zkbeat_root=zk_root,
+            zkbeat_session_timeout=4,
+            zkbeat_identity=f"inproc-{len(made)}",
+            beat_max_loop_interval=0.5,
+            beat_schedule=beat_schedule or {},
+        )
+        scheduler = DatabaseScheduler(app)
+        made.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in made:
+        scheduler.close()
+
+
+def lead(scheduler) -> None:
+    assert scheduler.election.wait_for_leadership(timeout=15), "never became leader"
+
+
+def pump(scheduler, until, timeout: float = 20, message=None):
+    """Run the scheduler's loop (without its sleeps) until ``until()`` holds."""
+
+    def step():
+        scheduler.tick()
+        return until()
+
+    return wait_for(step, timeout=timeout, interval=0.05, message=message)
+
+
+def crash(scheduler) -> None:
+    """End a replica's ZooKeeper session as a crash would; it runs no more code of its own."""
+    scheduler.zk_client.stop()
+
+
+def row(name: str):
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.get(name=name)
+
+
+def test_importing_zkbeat_does_not_import_django() -> None:
+    """`import zkbeat` loads neither Django's settings and ORM nor django-celery-beat; the attribute loads them."""
+    # (kombu itself imports django.utils when Django is installed; that loads no settings.)
+    code = (
+        "import sys, zkbeat\n"
+        "loaded = {'django.conf', 'django.db', 'django_celery_beat', 'zkbeat.contrib.django'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+        "import django; django.setup()\n"
+        "from zkbeat.contrib.django import DatabaseScheduler\n"
+        "assert zkbeat.DatabaseScheduler is DatabaseScheduler\n"
+        "print('ok')\n"
+    )
+    env = {"DJANGO_SETTINGS_MODULE": "proj.settings", "PYTHONPATH": f"{ROOT}:{EXAMPLE_PROJECT}", "PATH": "/usr/bin"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_a_follower_sends_no_query_and_upserts_beat_schedule_once_it_leads(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
+    """While another replica leads, starting, ticking and closing send no SQL; leading, it upserts beat_schedule."""
+    from django_celery_beat.models import PeriodicTask
+
+    holder = LeaderElection(zk_client, f"{zk_root}/v1/election", {"identity": "holder"})
+    holder.start()
+    assert holder.wait_for_leadership(timeout=10)
+    with capture_sql() as queries:
+        follower = make_scheduler({"from-settings": {"task": "jobs.cleanup_messages", "schedule": 1.0}})
+        wait_for(lambda: follower.election.candidate is not None, timeout=10)
+        for _ in range(3):
+            assert follower.tick() == 0
+        follower.sync()
+    assert list(queries) == []
+    assert not PeriodicTask.objects.filter(name="from-settings").exists()
+
+    holder.close()
+    lead(follower)
+    pump(follower, lambda: published.count("from-settings") >= 1)
+    assert row("from-settings").task == "jobs.cleanup_messages"
+
+
+def test_the_leader_runs_each_kind_of_task_with_its_options(
+    make_scheduler, published: Published, redis_server: RedisServer
+) -> None:
+    """Interval, crontab, solar and clocked one-off tasks load with options; disabled, expired, broken never run."""
+    from django.utils import timezone
+    from django_celery_beat.clockedschedule import clocked
+    from django_celery_beat.models import (
+        CrontabSchedule,
+        IntervalSchedule,
+        PeriodicTask,
+        PeriodicTasks,
+        SolarSchedule,
+    )
+
+    interval_task(
+        "with-options", 1, args='["a"]', kwargs='{"k": 1}', queue="reports", priority=7,
+        headers='{"tenant": "acme"}', expire_seconds=30,
+    )  # fmt: skip
+    hourly = CrontabSchedule.objects.create(minute="30", hour="*")
+    PeriodicTask.objects.create(name="hourly", task="jobs.aggregate_analytics", crontab=hourly)
+    sunset = SolarSchedule.objects.create(event="sunset", latitude=52.37, longitude=4.89)
+    PeriodicTask.objects.create(name="at-sunset", task="jobs.aggregate_analytics", solar=sunset)
+    one_off_task("once")
+    interval_task("disabled", 1, enabled=False)
+    interval_task("expired", 1, expires=timezone.now() - timedelta(minutes=1))
+    fortnightly = IntervalSchedule.objects.create(every=1, period="fortnights")  # written around the admin's checks
+    PeriodicTask.objects.create(name="broken", task="jobs.cleanup_messages", interval=fortnightly)
+
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("with-options") >= 2 and published.count("once") == 1)
+    loaded = scheduler.schedule
+    assert isinstance(loaded["hourly"].schedule, schedules.crontab)
+    assert isinstance(loaded["at-sunset"].schedule, schedules.solar)
+    assert isinstance(loaded["once"].schedule, clocked)
+    assert "disabled" not in loaded and "broken" not in loaded
+    assert not row("expired").enabled, "an expired task is disabled by the leader"
+
+    PeriodicTasks.update_changed()  # any change in the admin: the leader re-reads the rows
+    pump(scheduler, lambda: not row("once").enabled)
+    assert published.count("once") == 1
+    assert published.count("disabled") == published.count("expired") == 0
+    assert published.of("with-options")[0][2] == ["a"]
+
+    broker = redis.Redis.from_url(redis_server.url)
+    queued = [json.loads(raw) for key in broker.keys("reports*") for raw in broker.lrange(key, 0, -1)]
+    message = next(m for m in queued if m["headers"].get("zkbeat-entry") == "with-options")
+    assert message["properties"]["priority"] == 7
+    assert message["headers"]["tenant"] == "acme"
+    assert message["headers"]["periodic_task_name"] == "with-options"
+    assert message["headers"]["expires"], "expire_seconds becomes the message's expiry"
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert (args, kwargs) == (["a"], {"k": 1})
+
+
+def test_admin_changes_reach_the_leader_on_its_next_tick(make_scheduler, published: Published) -> None:
+    """Tasks added, edited, disabled and deleted through the ORM change what the leader publishes at once."""
+    first = interval_task("first", 1, args='["v1"]')
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("first") >= 1)
+
+    second = interval_task("second", 1)
+    pump(scheduler, lambda: published.count("second") >= 1)
+
+    first.args = '["v2"]'
+    first.save()
+    pump(scheduler, lambda: ["v2"] in [args for _, _, args in published.of("first")])
+
+    first.enabled = False
+    first.save()
+    before = published.count("first")
+    second.delete()
+    before_second = published.count("second")
+    interval_task("third", 1)
+    pump(scheduler, lambda: published.count("third") >= 3)
+    assert published.count("first") == before, "a disabled task ran"
+    assert published.count("second") == before_second, "a deleted task ran"
+    assert set(scheduler.schedule) - {"celery.backend_cleanup"} == {"third"}
+
+
+def test_a_new_leader_trusts_the_ledger_over_a_stale_database(
+    make_scheduler, published: Published
+) -> None:
+    """After a crash the rows' last_run_at are ticks behind; the new leader repeats none of the old leader's ticks."""
+    interval_task("report", 1)
+    old = make_scheduler()
+    lead(old)
+    pump(old, lambda: published.count("report") >= 4)
+    ledger = old.ledger.load(["report"])["report"].state
+    stale = row("report").last_run_at
+    assert stale is not None and stale < ledger.last_run_at, "the row should lag the ledger (synced only once)"
+
+    new = make_scheduler()
+    crash(old)
+    interval_task("added-meanwhile", 1)  # no leader reads the tables now: the next must find it
+    lead(new)
+    handover = len(published.rows)
+    pump(new, lambda: published.count("report") >= 7 and published.count("added-meanwhile") >= 1)
+
+    slots = sorted(slot for _, slot, _ in published.of("report"))
+    assert len(slots) == len(set(slots)), "a tick was published twice"
+    old_last = max(slot for _, slot, _ in published.of("report")[:4])
+    first_new = min(slot for entry, slot, _ in published.rows[handover:] if entry == "report")
+    assert first_new > old_last
+    assert row("report").last_run_at >= ledger.last_run_at, "the new leader writes the ledger's times back"
+
+
+def test_a_leader_that_loses_leadership_writes_nothing_more(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
+    """Stepped down with runs not yet synced, the old leader drops them: from then on it sends no SQL at all."""
+    interval_task("report", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3)
+    stale = row("report").last_run_at
+    assert stale < scheduler.ledger.load(["report"])["report"].state.last_run_at, "runs should be pending"
+
+    heir = LeaderElection(zk_client, f"{zk_root}/v1/election", {"identity": "heir"})
+    heir.start()
+    wait_for(lambda: heir.candidate is not None, timeout=10)
+    zk_client.delete(scheduler.election.candidate)  # what `zkbeat step-down` does
+    assert heir.wait_for_leadership(timeout=10)
+    wait_for(lambda: not scheduler.election.is_leader, timeout=10)
+    try:
+        with capture_sql() as queries:
+            for _ in range(3):
+                scheduler.tick()
+            scheduler.close()
+        assert list(queries) == []
+        assert row("report").last_run_at == stale
+    finally:
+        heir.close()
+
+
+def test_a_one_off_runs_once_when_its_leader_dies_right_after_publishing_it(
+    make_scheduler, published: Published
+) -> None:
+    """The leader publishes a one-off and crashes before writing its row; the next leader never sends it again."""
+    interval_task("canary", 1)
+    old = make_scheduler()
+    lead(old)
+    pump(old, lambda: published.count("canary") >= 2)  # past the first sync
+    one_off_task("launch")
+    pump(old, lambda: published.count("launch") == 1)
+    crash(old)
+    launch = row("launch")
+    assert launch.enabled and launch.total_run_count == 0 and launch.last_run_at is None
+
+    new = make_scheduler()
+    lead(new)
+    handover = published.count("canary")
+    pump(new, lambda: not row("launch").enabled and published.count("canary") >= handover + 3)
+    assert published.count("launch") == 1
+
+
+def test_a_one_off_re_armed_or_re_created_by_an_operator_runs_again(make_scheduler, published: Published) -> None:
+    """Run and disabled, a one-off runs once more when re-enabled (on a new leader), and so does a namesake."""
+    from django_celery_beat.models import ClockedSchedule, PeriodicTasks
+
+    first = make_scheduler()
+    lead(first)
+    one_off_task("launch")
+    pump(first, lambda: published.count("launch") == 1)
+    PeriodicTasks.update_changed()
+    pump(first, lambda: not row("launch").enabled)
+
+    second = make_scheduler()
+    first.close()  # graceful: hands over at once
+    lead(second)
+    launch = row("launch")
+    launch.clocked = ClockedSchedule.objects.create(clocked_time=launch.clocked.clocked_time + timedelta(seconds=1))
+    launch.enabled = True
+    launch.save()
+    pump(second, lambda: published.count("launch") == 2)
+    PeriodicTasks.update_changed()
+    pump(second, lambda: not row("launch").enabled)
+
+    row("launch").delete()
+    one_off_task("launch")
+    pump(second, lambda: published.count("launch") == 3)
+    assert len({slot for _, slot, _ in published.of("launch")}) == 3
