@@ -10,6 +10,7 @@ import json
 import math
 import os
 import socket
+import traceback
 from datetime import timedelta, timezone
 from fractions import Fraction
 from typing import Any
@@ -391,14 +392,30 @@ arbitrary_values = (
 )
 
 
-@settings(max_examples=300)
-@given(
-    st.sampled_from(["zkbeat_session_timeout", "zkbeat_misfire_grace_time", "zkbeat_hosts", "zkbeat_root"]),
-    arbitrary_values,
-)
+ALL_SETTINGS = [
+    "zkbeat_session_timeout",
+    "zkbeat_misfire_grace_time",
+    "zkbeat_hosts",
+    "zkbeat_root",
+    "zkbeat_identity",
+    "zkbeat_auth",
+    "zkbeat_use_ssl",
+    "zkbeat_ssl_ca",
+    "zkbeat_ssl_cert",
+    "zkbeat_ssl_key",
+    "zkbeat_metrics_port",
+    "zkbeat_metrics_address",
+]
+
+
+@settings(max_examples=600)
+@given(st.sampled_from(ALL_SETTINGS), arbitrary_values)
 @example("zkbeat_session_timeout", 10**400)
 @example("zkbeat_misfire_grace_time", 10**400)
 @example("zkbeat_session_timeout", Fraction(10**400))
+@example("zkbeat_metrics_port", math.inf)  # int(inf) is an OverflowError
+@example("zkbeat_session_timeout", 10**5000)  # repr() of it raises ValueError
+@example("zkbeat_ssl_ca", "a\x00b")
 def test_read_settings_raises_only_configuration_error(setting: str, value: Any) -> None:
     """Whatever value a setting holds, read_settings returns Settings or raises ConfigurationError."""
     try:
@@ -407,3 +424,36 @@ def test_read_settings_raises_only_configuration_error(setting: str, value: Any)
         assert error.setting == setting
         return
     assert isinstance(result, Settings)
+
+
+secret_values = st.sampled_from([CREDENTIAL, SECRET, CREDENTIAL.encode(), f" {CREDENTIAL} "]) | st.none() | st.floats()
+schemes = st.sampled_from(["digest", "sasl", "", "DIGEST"]) | st.none() | st.integers()
+auth_items = (
+    st.tuples(schemes, secret_values)
+    | st.lists(st.one_of(schemes, secret_values), max_size=3)
+    | st.tuples(schemes, secret_values, secret_values)
+    | secret_values
+)
+auth_values = (
+    secret_values
+    | st.lists(auth_items, max_size=3)
+    | st.lists(auth_items, max_size=3).map(tuple)
+    | st.dictionaries(st.sampled_from(["digest", "sasl"]), secret_values, max_size=2)
+    | st.lists(auth_items, max_size=3).map(iter)
+)
+
+
+@settings(max_examples=300)
+@given(auth_values)
+@example([("digest", SECRET)])
+@example([("digest", CREDENTIAL), ("digest", SECRET)])
+@example([("digest", CREDENTIAL), ("digest", CREDENTIAL.encode())])
+def test_zkbeat_auth_never_shows_the_secret_whatever_its_shape(value: Any) -> None:
+    """Any zkbeat_auth value is accepted or refused with a ConfigurationError, and neither shows the secret."""
+    try:
+        result = read_settings({"zkbeat_auth": value}, "proj", {})
+    except ConfigurationError as error:
+        printed = "".join(traceback.format_exception(error)) + repr(error.args) + repr(error.value)
+        assert SECRET not in printed, printed
+        return
+    assert SECRET not in repr(result) and SECRET not in str(result)

@@ -190,7 +190,7 @@ def _parse_port(setting: str, value: Any) -> int | None:
         raise ConfigurationError(setting, value, "expected a TCP port 1-65535 or None")
     try:
         port = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: float("inf")
         raise ConfigurationError(setting, value, "expected a TCP port 1-65535 or None") from None
     if not 0 < port < 65536 or port != float(value):
         raise ConfigurationError(setting, value, "expected a TCP port 1-65535 or None")

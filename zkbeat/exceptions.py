@@ -26,7 +26,19 @@ class ConfigurationError(ZkBeatError, ValueError):
         self.setting = setting
         self.value = value
         self.reason = reason
-        super().__init__(f"{setting}={value!r}: {reason}")
+        super().__init__(f"{setting}={_shown(value)}: {reason}")
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, or a stand-in when repr itself fails.
+
+    repr of an int over 4300 digits raises ValueError (CPython's limit on
+    int-to-str conversion); the error about a bad setting must still be one.
+    """
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - any failing __repr__, not only huge ints
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 class LedgerError(ZkBeatError):
