@@ -124,6 +124,8 @@ class LeaderElection:
         self._listeners: list[Listener] = []
         self._candidate: str | None = None
         self._candidate_session: int | None = None
+        #: The candidate whose leadership was last written to the election node.
+        self._announced: str | None = None
         self._step_down_requested = False
         self._thread: threading.Thread | None = None
 
@@ -324,11 +326,15 @@ class LeaderElection:
             self._wake.set()
             return
         if position == 0:
-            if stat.version == 0:
-                # Say since when this candidate leads (for status tools); the
-                # write goes out asynchronously so the leader does not wait.
+            if self._announced != self._candidate:
+                # Say since when this candidate leads (for status tools) in the
+                # election node's own data, which nobody watches: written into
+                # the candidate it would fire the successor's watch and wake a
+                # follower for nothing. Asynchronous, so the leader does not wait.
+                self._announced = self._candidate
                 since = datetime.now(timezone.utc).isoformat()
-                client.set_async(self._candidate, self._encoded({"leader_since": since}), 0)
+                announcement = {"leader": ours, "leader_since": since}
+                client.set_async(self.path, json.dumps(announcement, sort_keys=True).encode())
             self._leader_generation = generation
             self._leader = True
             self._leader_event.set()

@@ -111,6 +111,7 @@ def _candidates(client: KazooClient, path: str) -> list[Candidate]:
     except NoNodeError:
         return []
     requests = [(child, client.get_async(f"{path}/{child}")) for child in children]
+    announced = _announcement(client, path)
     found = []
     for child, request in requests:
         try:
@@ -132,8 +133,24 @@ def _candidates(client: KazooClient, path: str) -> list[Candidate]:
             setattr(candidate, key, str(value) if value is not None else None)
         pid = info.get("pid")
         candidate.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        if announced.get("leader") == child and announced.get("leader_since") is not None:
+            candidate.leader_since = str(announced["leader_since"])
         found.append(candidate)
     return found
+
+
+def _announcement(client: KazooClient, path: str) -> dict[str, Any]:
+    """The election node's data: which candidate leads and since when (see LeaderElection).
+
+    Earlier builds wrote ``leader_since`` into the candidate itself, which
+    the loop above still reads.
+    """
+    try:
+        raw, _ = client.get(path)
+        data = json.loads(raw.decode("utf-8") or "{}")
+    except (NoNodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _next_due(entry: Any, last_run_at: datetime | None, now: datetime) -> str | None:
