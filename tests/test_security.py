@@ -266,7 +266,7 @@ def test_ancestors_zkbeat_creates_let_other_apps_make_their_own_root(make_schedu
 def test_zkbeat_command_reads_a_protected_root_with_the_apps_credentials(
     make_scheduler, published: Published, zk_server: ZooKeeperServer, zk_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`zkbeat -A app status/health` read an ACL-protected root with the app's zkbeat_auth; flags alone get NoAuth."""
+    """`zkbeat -A app status/health/step-down` work on a protected root with its zkbeat_auth; others get NoAuth."""
     conf = {"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "zkbeat_auth": AUTH,
             "beat_schedule": {"tidy": once()}}
     scheduler = make_scheduler({"tidy": once()}, zkbeat_auth=AUTH, zkbeat_identity="guarded-leader")
@@ -290,7 +290,14 @@ def test_zkbeat_command_reads_a_protected_root_with_the_apps_credentials(
     assert without.stdout == ""
     assert len(without.stderr.strip().splitlines()) == 1
     assert "denied access" in without.stderr and "zkbeat_auth" in without.stderr, without.stderr
-    for result in (text, as_json, health, without):
+    denied = run_cli(None, "--hosts", zk_server.hosts, "--root", zk_root, "step-down", monkeypatch=monkeypatch)
+    assert denied.exit_code == 2 and "denied access" in denied.stderr, output_of(denied)
+    assert scheduler.election.is_leader, "without the credential nobody can unseat the leader"
+    candidate = scheduler.election.candidate
+    stepped = run_cli(app, "step-down", monkeypatch=monkeypatch)
+    assert stepped.exit_code == 0, output_of(stepped)
+    wait_for(lambda: scheduler.election.candidate not in (None, candidate), message="rejoined with a new candidate")
+    for result in (text, as_json, health, without, denied, stepped):
         assert SECRET not in output_of(result) and DIGEST_ID not in output_of(result)
 
 
