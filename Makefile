@@ -51,8 +51,17 @@ format: install
 demo: install
 	$(BIN)/python -m demo
 
-bench: install
-	@echo "make bench: the benchmark suite is not built yet (see the performance issue)"; exit 1
+# Benchmarks (tests/bench/, never part of `make test`): zkbeat side by side
+# with celery beat and celery-redbeat on ZooKeeper and Redis started for the
+# run. About twenty minutes; BENCH_ARGS=--quick for a short run (< 2 min).
+BENCH_ARGS ?=
+
+$(VENV)/.installed-bench: $(VENV)/.installed setup.cfg
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench: install $(VENV)/.installed-bench
+	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

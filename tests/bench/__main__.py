@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from tests.bench import burst, crash, handover, steady, swarm
+from tests.bench import burst, crash, handover, punctuality, steady, swarm
 from tests.bench.context import Bench
 from tests.bench.stats import table
 from tests.servers import RedisServer, ZooKeeperServer
@@ -27,6 +27,7 @@ SCENARIOS = {
     "handover": handover.run,
     "crash": crash.run,
     "burst": burst.run,
+    "punctuality": punctuality.run,
     "steady": steady.run,
     "swarm": swarm.run,
 }

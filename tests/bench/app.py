@@ -14,6 +14,8 @@ and nothing else. Everything comes from the environment:
 ``BENCH_MAX_INTERVAL``   ``beat_max_loop_interval`` (unset: the scheduler's default)
 ``BENCH_LOCK_TIMEOUT``   ``redbeat_lock_timeout`` (unset: redbeat's default)
 ``BENCH_SESSION_TIMEOUT`` ``zkbeat_session_timeout``
+``BENCH_COUNT_ZK``       count every ZooKeeper request this process sends (not pings),
+                         by type, into ``<pid>.zk.json`` beside the publish records
 
 Publishes are recorded where they happen: ``before_task_publish`` appends
 ``entry, pid, time.time()`` to a per-process file, one ``write`` per line, so a
@@ -92,3 +94,31 @@ def _record_publish(body=None, **kwargs) -> None:
     except (TypeError, IndexError, KeyError):
         entry = "?"
     _record.write(f"{entry}\t{os.getpid()}\t{time.time():.6f}\n")
+
+
+def _count_zookeeper_requests(record_dir: str) -> None:
+    """Wrap kazoo's request queue to count requests by type (pings bypass it).
+
+    ZooKeeper's own counters include pings, whose timing kazoo jitters at
+    random, so "no traffic beyond pings" is counted here, exactly.
+    """
+    from collections import Counter
+
+    from kazoo.client import KazooClient
+
+    counts: Counter[str] = Counter()
+    path = os.path.join(record_dir, f"{os.getpid()}.zk.json")
+    original = KazooClient._call
+
+    def counting_call(self, request, async_object):
+        counts[type(request).__name__] += 1
+        with open(path + ".tmp", "w") as out:
+            json.dump(counts, out)
+        os.replace(path + ".tmp", path)
+        return original(self, request, async_object)
+
+    KazooClient._call = counting_call
+
+
+if os.environ.get("BENCH_COUNT_ZK") and _record_dir:
+    _count_zookeeper_requests(_record_dir)

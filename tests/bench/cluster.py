@@ -24,7 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_LINE = re.compile(r"^\[(\d+\.\d+) (\d+) (\w+) ([\w.]+)\] (.*)$")
-BECAME_LEADER = re.compile(r"zkbeat: became leader \(epoch (\d+)\) as (\S+); ledger of (\d+) entries loaded in ([\d.]+) ms")
+BECAME_LEADER = re.compile(
+    r"zkbeat: became leader \(epoch (\d+)\) as (\S+); ledger of (\d+) entries loaded in ([\d.]+) ms"
+)
 
 
 @dataclass(frozen=True)

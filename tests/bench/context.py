@@ -57,3 +57,10 @@ def leader_event_by_other(run: Run, pid: int, after: float):
         if beat.process is not None and beat.pid != pid:
             events += [e for e in beat.events(run.flavour.leader_line) if e.at > after]
     return min(events, key=lambda e: e.at) if events else None
+
+
+def takeover_after(run: Run, pid: int, t0: float, cap: float, publish_cap: float = 5.0):
+    """(first leadership line, first publish) by a process other than ``pid`` after ``t0``; None where none came."""
+    event = wait_for(lambda: leader_event_by_other(run, pid, t0), cap, 0.005)
+    publish = wait_for(lambda: first_publish_by_other(run, pid, t0), publish_cap if event else 0.1, 0.005)
+    return event, publish

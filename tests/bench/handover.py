@@ -21,14 +21,8 @@ import uuid
 
 from kazoo.client import KazooClient
 
-from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ZKBEAT, Flavour, wait_for
-from tests.bench.context import (
-    Bench,
-    first_publish_by_other,
-    leader_event_by_other,
-    wait_leader_publishing,
-    wait_started,
-)
+from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ZKBEAT, Flavour
+from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_started
 from tests.bench.stats import Row, Sample
 
 ENTRIES = [{"name": "tick", "every": 1}]
@@ -59,8 +53,7 @@ def _trials(bench: Bench, flavour: Flavour, trials: int, cap: float) -> tuple[Sa
             t0 = time.time()
             leader.signal(signal.SIGTERM)
             leader.signal(signal.SIGCONT)
-            event = wait_for(lambda: leader_event_by_other(run, leader.pid, t0), cap, 0.005)
-            publish = wait_for(lambda: first_publish_by_other(run, leader.pid, t0), 0.5 if event is None else cap)
+            event, publish = takeover_after(run, leader.pid, t0, cap, cap)
             ready.values.append(event.at - t0 if event else math.inf)
             first.values.append(publish.at - t0 if publish else math.inf)
             bench.say(f"  {flavour.key} handover {trial + 1}/{trials}: ready {_ms(ready.values[-1])}, "
@@ -80,6 +73,18 @@ def _ms(seconds: float) -> str:
     return "timeout" if seconds == math.inf else f"{seconds * 1000:.1f} ms"
 
 
+class _Seen:
+    """A watch callback that notes when it fired."""
+
+    def __init__(self) -> None:
+        self.fired = threading.Event()
+        self.at = 0.0
+
+    def __call__(self, event: object) -> None:
+        self.at = time.time()
+        self.fired.set()
+
+
 def _delete_floor(bench: Bench, trials: int) -> Sample:
     """How long a ZooKeeper delete takes to reach another client's watch (ms)."""
     watcher = KazooClient(bench.zk.hosts)
@@ -89,13 +94,12 @@ def _delete_floor(bench: Bench, trials: int) -> Sample:
         for _ in range(trials):
             path = f"/zkbench/floor-{uuid.uuid4().hex}"
             bench.client.create(path, makepath=True)
-            fired = threading.Event()
-            seen: list[float] = []
-            watcher.exists(path, watch=lambda event: (seen.append(time.time()), fired.set()))
+            seen = _Seen()
+            watcher.exists(path, watch=seen)
             t0 = time.time()
             bench.client.delete(path)
-            if fired.wait(5):
-                sample.values.append((seen[0] - t0) * 1000)
+            if seen.fired.wait(5):
+                sample.values.append((seen.at - t0) * 1000)
     finally:
         watcher.stop()
         watcher.close()
@@ -111,7 +115,7 @@ def run(bench: Bench) -> list[Row]:
         (ZKBEAT, trials, 10.0),
         (REDBEAT_TUNED, trials, 10.0),
         # redbeat's defaults: followers poll the lock every beat_max_loop_interval (300 s).
-        (REDBEAT, 1 if bench.quick else 2, 5.0 if bench.quick else 30.0),
+        (REDBEAT, 1, 3.0 if bench.quick else 20.0),
     ):
         results[flavour.key] = _trials(bench, flavour, n, cap)
     not_applicable = Sample(note="n/a (1 replica)")

@@ -13,7 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 FLAVOUR_KEYS = ("zkbeat", "plain", "redbeat", "redbeat_tuned")
-COLUMNS = {"zkbeat": "zkbeat", "plain": "celery beat", "redbeat": "redbeat (defaults)", "redbeat_tuned": "redbeat (tuned)"}
+COLUMNS = {
+    "zkbeat": "zkbeat",
+    "plain": "celery beat",
+    "redbeat": "redbeat (defaults)",
+    "redbeat_tuned": "redbeat (tuned)",
+}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
