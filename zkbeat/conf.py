@@ -32,6 +32,8 @@ RECONNECT_MAX_DELAY = 1.0
 ENTRY_MISFIRE_OPTION = "zkbeat_misfire_grace_time"
 
 _REDACTED = "<redacted>"
+#: What a ZooKeeper auth scheme looks like ("digest", "sasl", "x509", ...).
+_AUTH_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,9 @@ def _parse_auth(value: Any) -> tuple[tuple[str, str], ...]:
         scheme, credential = item
         if not isinstance(scheme, str) or not isinstance(credential, str) or not scheme or not credential:
             raise bad
+        if not _AUTH_SCHEME.fullmatch(scheme):
+            # Settings' repr shows schemes: a credential put first must not be one.
+            raise ConfigurationError("zkbeat_auth", _REDACTED, "a scheme is a name like 'digest'; swapped pair?")
         if scheme == "digest" and ":" not in credential:
             raise ConfigurationError("zkbeat_auth", _REDACTED, "a digest credential is 'user:password'")
         pairs.append((scheme, credential))
