@@ -37,11 +37,13 @@ from ._signals import hold_shutdown_signals
 from ._zookeeper import make_client
 from .broker import forget as forget_broker
 from .broker import is_broker_error, wait_for_broker
+from .clock import measure_skew
 from .conf import ENTRY_MISFIRE_OPTION, Settings, parse_misfire_grace_time, read_settings
 from .election import LeaderElection
 from .exceptions import ClaimConflictError, ConfigurationError, FencedError
 from .ledger import ABSENT, LAYOUT_VERSION, Claim, EntryState, Ledger, LedgerRecord
 from .metrics import Metrics
+from .peers import LAYOUT, PeerCheck, schedule_hash
 
 __all__ = ["LeaderScheduleMixin", "Scheduler"]
 
@@ -58,6 +60,10 @@ RETRY_DELAY = 1.0
 #: Longest a leader waits inside kombu's retry policy for the broker per pass
 #: (bounded by beat's max interval), so beat's loop still turns while it is down.
 BROKER_WAIT = 5.0
+#: Seconds a replica that refused to lead (a newer layout is here) holds back
+#: before it looks again, so that refusing replicas do not pass leadership
+#: around as fast as ZooKeeper answers.
+LAYOUT_RECHECK = 30.0
 
 
 class LeaderScheduleMixin:
@@ -85,6 +91,8 @@ class LeaderScheduleMixin:
         self._unconfirmed: dict[str, tuple[beat.ScheduleEntry, beat.ScheduleEntry, datetime, EntryState]] = {}
         self._closed = False
         self._broker_down = False
+        self.peers: PeerCheck | None = None
+        self._refused_until = 0.0
         if kwargs.get("schedule_filename"):
             logger.debug(
                 "zkbeat: ignoring -s %s: the ZooKeeper ledger replaces the shelve file", kwargs["schedule_filename"]
@@ -128,7 +136,14 @@ class LeaderScheduleMixin:
                 "pid": os.getpid(),
                 "started_at": datetime.now(timezone.utc).isoformat(),
                 "version": __version__,
+                # For rolling upgrades: a newer release sees our layout, and
+                # the leader (and `zkbeat status`) sees whose schedule differs.
+                "layout": LAYOUT,
+                "schedule_hash": self._schedule_hash(),
             },
+        )
+        self.peers = PeerCheck(
+            self.zk_client, settings.root, self.election.path, self._schedule_hash(), timeout=settings.session_timeout
         )
         logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
         # start_async: an unreachable ZooKeeper is retried in the background;
@@ -189,6 +204,9 @@ class LeaderScheduleMixin:
             election.wait_for_leadership(self.max_interval)
             return 0
         try:
+            wait = self._refuse_to_lead()
+            if wait is not None:
+                return wait
             if not self._leading or self._epoch != election.epoch:
                 self._promote()
             return self._leader_tick()
@@ -250,6 +268,56 @@ class LeaderScheduleMixin:
             len(records),
             (time.monotonic() - started) * 1000,
         )
+        self._check_clock()
+
+    def _check_clock(self) -> None:
+        """Warn when this new leader's clock is far from ZooKeeper's (see zkbeat.clock)."""
+        path = f"{self.zk_settings.root}/{LAYOUT_VERSION}/clock"
+        try:
+            skew = measure_skew(self.zk_client, path, self.zk_settings.identity)
+        except ZOOKEEPER_ERRORS as exc:
+            logger.debug("zkbeat: could not compare clocks with ZooKeeper: %r", exc)
+            return
+        if skew.worth_a_warning:
+            logger.warning(
+                "zkbeat: this leader's clock is %s (%s, epoch %s); the schedule runs on the leader's clock, so "
+                "ticks come late or early by that much across a handover: keep the replicas' clocks in sync (NTP)",
+                skew.describe(),
+                self.zk_settings.identity,
+                self._epoch,
+            )
+
+    def _schedule_hash(self) -> str | None:
+        """The digest of this replica's schedule for its candidate data (zkbeat.peers)."""
+        try:
+            return schedule_hash(self.schedule)
+        except Exception:  # noqa: BLE001 - a host whose schedule cannot be read yet just does not say
+            logger.debug("zkbeat: could not hash the schedule", exc_info=True)
+            return None
+
+    def _refuse_to_lead(self) -> float | None:
+        """Seconds to hold back instead of leading while a newer zkbeat layout is here.
+
+        Checked before taking over and, while leading, whenever the root or
+        the candidates change (zkbeat.peers). A refusing replica steps down to
+        the back of the line, so that a newer release's candidate can lead,
+        and looks again after LAYOUT_RECHECK; until then it publishes nothing
+        even if the line comes round to it again.
+        """
+        if self.peers is None:
+            return None
+        now = time.monotonic()
+        if now < self._refused_until:
+            return min(self.max_interval, self._refused_until - now)
+        reason = self.peers.check(force=not self._leading)
+        if reason is None:
+            return None
+        logger.error("zkbeat: refusing to lead (%s): %s", self.zk_settings.identity, reason)
+        if self._leading:
+            self._demote("a newer zkbeat layout is here")
+        self._refused_until = now + LAYOUT_RECHECK
+        self.election.step_down()
+        return min(self.max_interval, LAYOUT_RECHECK)
 
     def _demote(self, reason: str) -> None:
         logger.info("zkbeat: stopped leading (%s, epoch %s): %s", self.zk_settings.identity, self._epoch, reason)
