@@ -179,12 +179,13 @@ def test_the_leader_runs_each_kind_of_task_with_its_options(
 
     scheduler = make_scheduler()
     lead(scheduler)
-    pump(scheduler, lambda: published.count("with-options") >= 2 and published.count("once") == 1)
-    loaded = scheduler.schedule
+    scheduler.tick()  # becomes leader: reads the tables
+    loaded = dict(scheduler.schedule)
     assert isinstance(loaded["hourly"].schedule, schedules.crontab)
     assert isinstance(loaded["at-sunset"].schedule, schedules.solar)
     assert isinstance(loaded["once"].schedule, clocked)
     assert "disabled" not in loaded and "broken" not in loaded
+    pump(scheduler, lambda: published.count("with-options") >= 2 and published.count("once") == 1)
     assert not row("expired").enabled, "an expired task is disabled by the leader"
 
     PeriodicTasks.update_changed()  # any change in the admin: the leader re-reads the rows

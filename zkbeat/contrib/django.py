@@ -8,7 +8,8 @@ django-celery-beat's own scheduler assumes it is the only beat. Four of its
 habits would hurt with N replicas, and this module changes exactly those:
 
 * Its ``setup_schedule()`` upserts ``beat_schedule`` into the tables on every
-  replica at start-up. Here a replica does that when it first becomes leader.
+  replica at start-up. Here a replica does that once it leads (after its
+  first pass, so that a takeover publishes after one read).
 * Its ``schedule`` property may query the database on every access. Here a
   follower sends no query at all, and the leader reads once per pass of its
   loop; django-celery-beat's change tracking (``PeriodicTasks``) tells it of
@@ -128,7 +129,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     Entry = ModelEntry
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._host_set_up = False  # beat_schedule upserted (first promotion)
+        self._host_set_up = False  # beat_schedule upserted (once, while leading)
         self._reload_wanted = True
         self._reloaded_at = 0.0
         super().__init__(*args, **kwargs)
@@ -146,14 +147,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         """Nothing at start-up: django-celery-beat's setup writes; it runs on promotion."""
 
     def _on_promote(self) -> None:
-        """A new leader starts from the database's current schedule."""
+        """A new leader starts from the database's current schedule (one read, no write)."""
         self._reload_wanted = True
         try:
-            if not self._host_set_up:
-                # django-celery-beat's own setup: default entries and
-                # beat_schedule into the tables, where the admin shows them.
-                schedulers.DatabaseScheduler.setup_schedule(self)
-                self._host_set_up = True
             self._reload()
         except DatabaseError as exc:
             logger.error("zkbeat: cannot read the schedule from the database (%r); retrying on every pass", exc)
@@ -186,6 +182,15 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     def _refresh(self) -> None:
         """Once per pass while leading: pick up admin changes, write run times when due."""
         try:
+            if not self._host_set_up:
+                # django-celery-beat's own setup: default entries and
+                # beat_schedule into the tables, where the admin shows them.
+                # Deferred from promotion to this replica's first full pass
+                # as leader, so that taking over costs a read, not a write
+                # per entry, before the first publish.
+                schedulers.DatabaseScheduler.setup_schedule(self)
+                self._host_set_up = True
+                self._reload_wanted = True
             if (
                 self._reload_wanted
                 or self.schedule_changed()
