@@ -1,0 +1,7 @@
+"""``python -m demo`` (``make demo``)."""
+
+import sys
+
+from demo.run import main
+
+sys.exit(main())
