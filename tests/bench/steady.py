@@ -40,6 +40,15 @@ def _sessions(bench: Bench, run: Run) -> dict[str, int]:
     return found
 
 
+def _quiet(run: Run, every: float) -> None:
+    """Wait for a pause between rounds, so no claim is written but not yet published.
+
+    Without it a claim committed just before the ledger is read and published
+    just after the records are read counts as a write without its publish.
+    """
+    wait_for(lambda: time.time() - max((p.at for p in run.publishes()), default=0) > 0.3, every * 2, 0.05)
+
+
 def zookeeper_requests(run: Run, pid: int) -> int:
     """Requests (not pings) process ``pid`` sent so far (``BENCH_COUNT_ZK``)."""
     try:
@@ -68,6 +77,7 @@ def run(bench: Bench) -> list[Row]:
         leader = run.leader()
         snap = {"leader": leader}
         if run.flavour is ZKBEAT:
+            _quiet(run, every)
             # Ledger versions, zxid and publish count read back to back: a
             # publish between them would be counted without its write.
             snap["versions"] = _ledger_versions(bench, run)
@@ -88,6 +98,7 @@ def run(bench: Bench) -> list[Row]:
         leader = snap["leader"]
         cpu = {b.pid: probes.cpu_seconds(b.pid) - snap["cpu"].get(b.pid, 0.0) for b in run.alive()}
         if run.flavour is ZKBEAT:
+            _quiet(run, every)
             versions = _ledger_versions(bench, run)
             zxid = probes.last_zxid(bench.zk.port)
         published = len(run.publishes()) - snap["published"]
