@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
@@ -98,7 +98,10 @@ def _build_target(app_name: str | None, hosts: str | None, root: str | None, tim
             _fail(2, f"cannot import the Celery app {app_name!r}: {exc}")
     conf: dict[str, Any] = {}
     if app is not None:
-        conf = {key: app.conf.get(key) for key in app.conf if key.startswith("zkbeat_")}
+        # By name, not by iterating app.conf: under Django's CELERY namespace
+        # iteration yields CELERY_ZKBEAT_* keys; get() resolves both spellings.
+        names = [f"zkbeat_{field.name}" for field in fields(Settings)]
+        conf = {name: app.conf.get(name) for name in names if app.conf.get(name) is not None}
     try:
         if hosts:
             conf["zkbeat_hosts"] = parse_hosts("--hosts", hosts)
