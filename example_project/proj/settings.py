@@ -139,10 +139,13 @@ CELERY_ZKBEAT_MISFIRE_GRACE_TIME = _env_float("ZKBEAT_MISFIRE_GRACE_TIME")
 # ZooKeeper digest auth "user:password": zkbeat authenticates and gives its znodes
 # an ACL for that user only. None: no auth (open ACL).
 CELERY_ZKBEAT_AUTH = [("digest", os.environ["ZKBEAT_DIGEST"])] if os.environ.get("ZKBEAT_DIGEST") else None
-# TLS to ZooKeeper: on/off, then the CA, client certificate and key files.
+# TLS to ZooKeeper (its secureClientPort) instead of plain TCP.
 CELERY_ZKBEAT_USE_SSL = os.environ.get("ZKBEAT_USE_SSL", "0") in ("1", "true", "yes")
+# With TLS: the CA file that signed ZooKeeper's certificate.
 CELERY_ZKBEAT_SSL_CA = os.environ.get("ZKBEAT_SSL_CA") or None
+# With TLS: this client's certificate file, if ZooKeeper asks for one.
 CELERY_ZKBEAT_SSL_CERT = os.environ.get("ZKBEAT_SSL_CERT") or None
+# With TLS: that certificate's private key file.
 CELERY_ZKBEAT_SSL_KEY = os.environ.get("ZKBEAT_SSL_KEY") or None
 # Port of Prometheus /metrics and /healthz (probes, `zkbeat health --local`). None: off.
 CELERY_ZKBEAT_METRICS_PORT = int(os.environ["ZKBEAT_METRICS_PORT"]) if os.environ.get("ZKBEAT_METRICS_PORT") else None
