@@ -56,6 +56,7 @@ class Soak:
     events: list[Event]
     started: float
     duration: float
+    seed: int
     unexpected_exits: list[str] = field(default_factory=list)
 
     def ok(self) -> bool:
@@ -63,7 +64,7 @@ class Soak:
 
     def summary(self) -> str:
         lines = [
-            f"chaos soak: {self.duration:.0f}s, {len(self.events)} faults, "
+            f"chaos soak: {self.duration:.0f}s, {len(self.events)} faults, seed {self.seed}, "
             f"{'PASS' if self.ok() else 'FAIL'}",
             "",
             self.report.table(),
@@ -92,6 +93,7 @@ def run(
     say: Callable[[str], None] = print,
 ) -> Soak:
     """Run the soak for ``duration`` seconds of faults and return its accounting."""
+    seed = random.randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="zkbeat-chaos-"))
     schedule = {f"entry-{i:02d}": 1.0 for i in range(entries)}
@@ -143,7 +145,7 @@ def run(
                 ledger_slots=ledger_slots(client, root),
                 kills=driver.kills,
             )
-            return Soak(report, driver.events, started, duration, unexpected)
+            return Soak(report, driver.events, started, duration, seed, unexpected)
         finally:
             cluster.stop()
             client.stop()
@@ -216,12 +218,13 @@ class _Driver:
 
     def _zookeeper(self) -> str:
         found = leader_session(self.client, self.cluster.root) if self.client.connected else None
-        member = member_holding(self.ensemble, found[1]) if found else None
-        member = member or self.rng.choice(self.ensemble.members)
+        holding = member_holding(self.ensemble, found[1]) if found else None
+        member = holding or self.rng.choice(self.ensemble.members)
         role = member.mode
         member.stop()
         self.ensemble.start()
-        return f"member {member.myid} ({role}, the leader's: {found is not None}) restarted"
+        whose = "the zkbeat leader's member" if holding is not None else "a member"
+        return f"{whose}, {member.myid} (ZooKeeper {role}), restarted"
 
     def _broker(self) -> str:
         down = self.rng.uniform(1.0, 10.0)
