@@ -44,11 +44,11 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check zkbeat tests
+	$(BIN)/ruff check zkbeat tests example_project demo
 	$(BIN)/ruff format --check zkbeat
 
 format: install
-	$(BIN)/ruff check --fix zkbeat tests
+	$(BIN)/ruff check --fix zkbeat tests example_project demo
 	$(BIN)/ruff format zkbeat
 
 demo: install
