@@ -155,6 +155,8 @@ class LeaderScheduleMixin:
     def _on_connection_state(self, state: str) -> None:
         """kazoo's listener: record and log only (it runs on kazoo's thread)."""
         self.metrics.connection(state)
+        if self._closed:
+            return  # our own close() ends the session: nothing to warn about
         identity, epoch = self.zk_settings.identity, self._epoch
         if state == KazooState.SUSPENDED:
             logger.warning("zkbeat: connection to ZooKeeper suspended; not publishing (%s, epoch %s)", identity, epoch)
