@@ -179,6 +179,7 @@ def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
         heir = settle(cluster, 1, cut_at + 0.5)[0]
         assert heir.identity != cut.identity
         wait_for(lambda: "stopped leading" in cut.log(), timeout=10, message=cut.log)
+        assert "connection to ZooKeeper suspended" in cut.log()
         settle(cluster, 3 * 4, heir.at)
         healed_at = time.time()
         proxy.heal()
