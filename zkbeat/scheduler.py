@@ -311,7 +311,9 @@ class LeaderScheduleMixin:
         now = time.monotonic()
         if now < self._refused_until:
             return min(self.max_interval, self._refused_until - now)
-        reason = self.peers.check(force=not self._leading)
+        # Before taking over (or over again, under a new epoch: watches die
+        # with a session) read everything; while leading, only what changed.
+        reason = self.peers.check(force=not self._leading or self._epoch != self.election.epoch)
         if reason is None:
             return None
         logger.error("zkbeat: refusing to lead (%s): %s", self.zk_settings.identity, reason)
