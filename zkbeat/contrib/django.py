@@ -177,7 +177,10 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if self._leading and not self._closed and self.election is not None and self.election.is_leader:
             self._refresh()
-        return super().tick(*args, **kwargs)
+        interval = super().tick(*args, **kwargs)
+        if self._leading and not self._host_set_up:
+            return 0  # the deferred upsert of beat_schedule comes right after this pass, not max_interval later
+        return interval
 
     def _refresh(self) -> None:
         """Once per pass while leading: pick up admin changes, write run times when due."""
