@@ -591,28 +591,41 @@ class LeaderScheduleMixin:
             self._versions.pop(entry.name, None)
 
     def _publish(self, entry: beat.ScheduleEntry, slot: datetime, producer: Any) -> bool:
-        """Send one claimed tick; False (logged) if the broker refused it."""
+        """Send one claimed tick. False only when the broker was unreachable.
+
+        Then the caller withdraws the claim and the tick stays due. A message
+        the broker can never take (arguments that do not serialise, say) is
+        logged and the tick counts as run, as celery beat itself does: trying
+        it again every second would fail the same way forever.
+        """
         slot_text = slot.isoformat()
-        options = dict(entry.options)
-        options.pop(ENTRY_MISFIRE_OPTION, None)
-        headers = dict(options.get("headers") or {})
-        headers.update({"zkbeat-entry": entry.name, "zkbeat-slot": slot_text, "zkbeat-epoch": self._epoch})
-        options["headers"] = headers
-        options["task_id"] = task_id_for(self.zk_settings.root, entry.name, slot)
-        sending = copy.copy(entry)
-        sending.options = options
         logger.info(
             "Scheduler: Sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, slot_text, self._epoch
         )
         try:
+            options = dict(entry.options)
+            options.pop(ENTRY_MISFIRE_OPTION, None)
+            headers = dict(options.get("headers") or {})
+            headers.update({"zkbeat-entry": entry.name, "zkbeat-slot": slot_text, "zkbeat-epoch": self._epoch})
+            options["headers"] = headers
+            options["task_id"] = task_id_for(self.zk_settings.root, entry.name, slot)
+            sending = copy.copy(entry)
+            sending.options = options
             self.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
-            logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
+            self.metrics.publish_error()
             if is_broker_error(exc, self.__dict__.get("connection")):
+                logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
                 self._broker_down = True
                 forget_broker(self)
-            self.metrics.publish_error()
-            return False
+                return False
+            logger.error(
+                "zkbeat: %s (slot %s) cannot be sent and is dropped, as celery beat would: %r",
+                entry.name,
+                slot_text,
+                exc,
+            )
+            return True
         self.metrics.published()
         return True
 
