@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short version of every scenario (< 2 minutes)")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
     parser.add_argument("--tick-time", type=int, default=2000, help="ZooKeeper tickTime in ms (default 2000)")
-    parser.add_argument("--json", default="bench-results.json", help="where to write the table as JSON")
+    parser.add_argument(
+        "--json", default=".bench/bench-results.json", help="where to write the table as JSON (.bench/ is git-ignored)"
+    )
     args = parser.parse_args(argv)
 
     started = time.time()
@@ -93,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     print("Cells: median / p99 over the trials (one figure where there is one measurement).")
     print()
     print(table(rows))
-    Path(args.json).write_text(json.dumps({**header, "rows": [row.as_dict() for row in rows]}, indent=2) + "\n")
+    for note in bench.notes:
+        print(f"\n* {note}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    result = {**header, "notes": bench.notes, "rows": [row.as_dict() for row in rows]}
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n(written to {args.json})")
     return 0
 

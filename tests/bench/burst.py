@@ -39,6 +39,7 @@ def _burst(bench: Bench, flavour: Flavour, n: int, lead: float, cap: float, samp
     led = leader.events(flavour.leader_line)[-1].at if leader else math.inf
     if led > due:
         samples["note"].append(f"{flavour.key}: leading {led - due:.2f} s after the due moment")
+    samples["twice"][flavour.key].values.append(len(rows) - len({p.entry for p in rows}))
     samples["all"][flavour.key].values.append(rows[-1].at - due if done and rows else math.inf)
     samples["first"][flavour.key].values.append(rows[0].at - due if rows else math.inf)
     last, first = samples["all"][flavour.key].values[-1], samples["first"][flavour.key].values[-1]
@@ -81,6 +82,7 @@ def run(bench: Bench) -> list[Row]:
     samples = {
         "all": {f.key: Sample(cap=CAP) for f in FLAVOURS},
         "first": {f.key: Sample(cap=CAP) for f in FLAVOURS},
+        "twice": {f.key: Sample() for f in FLAVOURS},
         "note": [],
     }
     ledger_run = None
@@ -93,7 +95,7 @@ def run(bench: Bench) -> list[Row]:
             ledger_run = kept or ledger_run
     load, ready = _takeovers(bench, ledger_run, 1 if bench.quick else 5)
     for note in samples["note"]:
-        bench.say(f"  note: {note}")
+        bench.note(f"burst: {note}")
     scenario = f"burst: {n:,} entries due at once"
     return [
         Row(
@@ -106,6 +108,15 @@ def run(bench: Bench) -> list[Row]:
             digits=2,
         ),
         Row(scenario, "first published, after the due moment", "s", samples["first"], digits=3),
+        Row(
+            scenario,
+            "entries published more than once (total over the trials)",
+            "ticks",
+            {key: Sample([sum(sample.values)]) for key, sample in samples["twice"].items() if sample.values},
+            target="0",
+            check=lambda row: row.values["zkbeat"].median == 0,
+            digits=0,
+        ),
         Row(
             f"takeover with a {n:,}-entry ledger",
             "ledger loaded (pipelined reads)",

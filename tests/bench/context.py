@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 
@@ -19,9 +19,15 @@ class Bench:
     client: KazooClient
     quick: bool
     started: float
+    #: Things a reader of the table must know (printed under it, kept in the JSON).
+    notes: list[str] = field(default_factory=list)
 
     def run(self, flavour: Flavour, entries: list[dict], **env: str) -> Run:
         return Run(flavour, broker=self.redis.url, zk_hosts=self.zk.hosts, entries=entries, **env)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        self.say(f"  note: {message}")
 
     def say(self, message: str) -> None:
         print(f"[{time.time() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)
