@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 
+from tests.bench import probes
 from tests.bench.cluster import Beat, Flavour, Run, wait_for
 from tests.servers import RedisServer, ZooKeeperServer
 
@@ -36,6 +37,26 @@ class Bench:
 def wait_started(beats: list[Beat], timeout: float = 60) -> bool:
     """Every process has its scheduler up ("beat: Starting..." is logged)."""
     return bool(wait_for(lambda: all(b.events("beat: Starting...") for b in beats), timeout, 0.05))
+
+
+def wait_settled(beat: Beat, timeout: float = 60) -> bool:
+    """A new replica is up and has stopped using CPU (its schedule built, election joined).
+
+    "beat: Starting..." comes before the scheduler builds its schedule; a
+    replacement still building 10,000 entries would compete for the two
+    cores with the next trial's takeover.
+    """
+    if not wait_started([beat], timeout):
+        return False
+    deadline = time.monotonic() + timeout
+    used = probes.cpu_seconds(beat.pid)
+    while time.monotonic() < deadline and beat.alive:
+        time.sleep(0.25)
+        now = probes.cpu_seconds(beat.pid)
+        if now - used < 0.01:
+            return True
+        used = now
+    return False
 
 
 def wait_leader_publishing(run: Run, entry: str, after: float, timeout: float = 60):

@@ -24,7 +24,7 @@ import uuid
 from kazoo.protocol.states import EventType
 
 from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ROOT, ZKBEAT, Flavour, Run
-from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_started
+from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_settled, wait_started
 from tests.bench.stats import Row, Sample
 
 ENTRIES = [{"name": "tick", "every": 1}]
@@ -98,7 +98,7 @@ def _zkbeat_trials(bench: Bench, session_timeout: float, trials: int) -> dict[st
                       f"floor {floor_s:.3f} s, new leader {ready_s:.3f} s")  # fmt: skip
             floor.close()
             leader.kill()
-            wait_started([run.add()])
+            wait_settled(run.add())
             mark = time.time()
     if floor is not None:
         floor.close()
@@ -128,7 +128,7 @@ def _redbeat_trials(bench: Bench, flavour: Flavour, trials: int, cap: float) -> 
             leader.kill()
             if event is None:
                 break
-            wait_started([run.add()])
+            wait_settled(run.add())
             mark = time.time()
     return result
 

@@ -22,7 +22,7 @@ import uuid
 from kazoo.client import KazooClient
 
 from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ZKBEAT, Flavour
-from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_started
+from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_settled, wait_started
 from tests.bench.stats import Row, Sample
 
 ENTRIES = [{"name": "tick", "every": 1}]
@@ -61,7 +61,7 @@ def _trials(bench: Bench, flavour: Flavour, trials: int, cap: float) -> tuple[Sa
             leader.kill()
             if event is None:
                 break  # the remaining replicas are still waiting; a further trial would measure nothing new
-            wait_started([run.add()])
+            wait_settled(run.add())
             mark = time.time()
     for sample in (ready, first):
         sample.values = [v * 1000 if v != math.inf else v for v in sample.values]
