@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
+from tests.helpers import Published
 from tests.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 
 # PostgreSQL + Django fixtures of the DatabaseScheduler tests (Django loads only when used).
@@ -70,3 +71,11 @@ def zk_client(zk_server: ZooKeeperServer) -> Iterator[KazooClient]:
     finally:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def published() -> Iterator[Published]:
+    """Every message this test process hands to the broker, with its headers."""
+    recorder = Published()
+    yield recorder
+    recorder.close()

@@ -10,39 +10,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
-from celery.signals import after_task_publish
 from kazoo.client import KazooClient
 
-from tests.helpers import wait_for
+from tests.helpers import Published, lead, wait_for
 from tests.servers import RedisServer, ZooKeeperServer, expire_session_quietly
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.election import LeaderElection
 from zkbeat.ledger import Claim, EntryState, Ledger
 from zkbeat.scheduler import task_id_for, tick_slot
-
-
-class Published:
-    """Messages handed to the broker by this process (after_task_publish)."""
-
-    def __init__(self) -> None:
-        self.headers: list[dict] = []
-        after_task_publish.connect(self._record, weak=False)
-
-    def _record(self, headers=None, **kwargs) -> None:
-        self.headers.append(dict(headers or {}))
-
-    def entries(self) -> list[str]:
-        return [h.get("zkbeat-entry") for h in self.headers]
-
-    def close(self) -> None:
-        after_task_publish.disconnect(self._record)
-
-
-@pytest.fixture
-def published() -> Iterator[Published]:
-    recorder = Published()
-    yield recorder
-    recorder.close()
 
 
 @pytest.fixture
@@ -69,9 +44,6 @@ def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_roo
     for scheduler in made:
         scheduler.close()
 
-
-def lead(scheduler: Scheduler) -> None:
-    assert scheduler.election.wait_for_leadership(timeout=15)
 
 
 def every(seconds: float, **options) -> dict:

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from celery.signals import after_task_publish
 from click.testing import CliRunner, Result
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
 
-from tests.helpers import wait_for
+from tests.helpers import Published, lead, wait_for
 from tests.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.cli import main as zkbeat_command
@@ -49,28 +48,6 @@ LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
 # --------------------------------------------------------------------------
 
 
-class Published:
-    """Messages handed to the broker by this process (after_task_publish)."""
-
-    def __init__(self) -> None:
-        self.headers: list[dict] = []
-        after_task_publish.connect(self._record, weak=False)
-
-    def _record(self, headers=None, **kwargs) -> None:
-        self.headers.append(dict(headers or {}))
-
-    def entries(self) -> list[str]:
-        return [h.get("zkbeat-entry") for h in self.headers]
-
-    def close(self) -> None:
-        after_task_publish.disconnect(self._record)
-
-
-@pytest.fixture
-def published() -> Iterator[Published]:
-    recorder = Published()
-    yield recorder
-    recorder.close()
 
 
 def app_for(conf: dict) -> Celery:
@@ -134,9 +111,6 @@ def intruders(zk_server: ZooKeeperServer) -> Iterator[dict[str, KazooClient]]:
         client.stop()
         client.close()
 
-
-def lead(scheduler: Scheduler) -> None:
-    assert scheduler.election.wait_for_leadership(timeout=15)
 
 
 def every(seconds: float, **spec) -> dict:
