@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 RETRY_POLICY = {"interval_start": 0, "interval_step": 0.5, "interval_max": 1.0}
 
 
-def wait_for_broker(connection: Any, timeout: float, errback: Callable[[Exception, float], None] | None = None) -> (
-    Exception | None
-):
+def wait_for_broker(
+    connection: Any, timeout: float, errback: Callable[[Exception, float], None] | None = None
+) -> Exception | None:
     """Have kombu (re)connect ``connection`` within ``timeout`` seconds.
 
     Returns None when the broker answers, else the last error. Never raises a

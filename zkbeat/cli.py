@@ -219,8 +219,9 @@ def _render(found: ClusterStatus, show_all: bool) -> str:
     rows = [["#", "epoch", "identity", "host", "pid", "started", "version"]]
     for place, c in enumerate(found.candidates, 1):
         identity = c.identity or ("<unreadable data>" if not c.readable else "?")
-        rows.append([str(place), str(c.epoch), identity, c.host or "-", str(c.pid or "-"),
-                     _ago(c.started_at), c.version or "-"])
+        rows.append(
+            [str(place), str(c.epoch), identity, c.host or "-", str(c.pid or "-"), _ago(c.started_at), c.version or "-"]
+        )
     lines.append(f"candidates ({len(found.candidates)}):")
     lines.extend(_table(rows) if found.candidates else ["  none"])
     entries = sorted(found.entries, key=lambda e: (e.next_due is None, e.next_due or "", e.name))
@@ -230,8 +231,15 @@ def _render(found: ClusterStatus, show_all: bool) -> str:
         rows = [["name", "last run", "runs", "epoch", "next due"]]
         for e in shown:
             last = _ago(e.last_run_at) if e.readable else "<unreadable data>"
-            rows.append([e.name, last, "-" if e.total_run_count is None else str(e.total_run_count),
-                         "-" if e.epoch is None else str(e.epoch), _ago(e.next_due)])
+            rows.append(
+                [
+                    e.name,
+                    last,
+                    "-" if e.total_run_count is None else str(e.total_run_count),
+                    "-" if e.epoch is None else str(e.epoch),
+                    _ago(e.next_due),
+                ]
+            )
         lines.extend(_table(rows))
     else:
         lines.append("  none")
@@ -282,8 +290,10 @@ def health(ctx: click.Context, local: bool) -> None:
         found = _read(target, client)
     if found.leader is None:
         _fail(1, f"no leader: no replica is in the election under {found.root}")
-    click.echo(f"ok: {_printable(found.leader.identity or '?')} leads (epoch {found.leader.epoch}), "
-               f"{len(found.candidates)} candidate(s)")
+    click.echo(
+        f"ok: {_printable(found.leader.identity or '?')} leads (epoch {found.leader.epoch}), "
+        f"{len(found.candidates)} candidate(s)"
+    )
 
 
 def _check_local(target: Target) -> None:

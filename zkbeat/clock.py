@@ -45,9 +45,7 @@ class Skew:
         return f"{abs(self.seconds):.1f}s {side} ZooKeeper's (±{self.uncertainty:.2f}s)"
 
 
-def measure_skew(
-    client: KazooClient, path: str, identity: str, now: Callable[[], float] = time.time
-) -> Skew:
+def measure_skew(client: KazooClient, path: str, identity: str, now: Callable[[], float] = time.time) -> Skew:
     """Write ``path`` (creating it if needed) and compare its mtime with ``now()``.
 
     ZooKeeper errors propagate; the caller decides that a failed measurement
