@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from tests.processes import LoggedProcess
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_PROJECT = ROOT / "example_project"
 
@@ -65,7 +67,7 @@ def parse(replica: str, line: str) -> Event | None:
     return None
 
 
-class Child:
+class Child(LoggedProcess):
     """One child process in its own session, its output in a log file."""
 
     def __init__(self, name: str, command: tuple[str, ...], env: dict[str, str], log_dir: Path) -> None:
@@ -73,7 +75,6 @@ class Child:
         self.command = command
         self.env = env
         self.log_path = log_dir / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
         self._offset = 0
         self._partial = b""
 
@@ -83,31 +84,9 @@ class Child:
         setpriv = shutil.which("setpriv")
         if setpriv and threading.current_thread() is threading.main_thread():
             command = [setpriv, "--pdeathsig", "KILL", "--", *command]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=EXAMPLE_PROJECT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children itself
-            )
+        # Its own session: Ctrl-C reaches the demo only; it stops the children itself.
+        self.spawn(command, cwd=EXAMPLE_PROJECT, env=self.env)
         return self
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
 
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM, then SIGKILL for the whole process group if it lingers."""

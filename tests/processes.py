@@ -7,6 +7,7 @@ SIGSTOP/SIGCONT) and read what every replica published from Redis.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,38 +34,27 @@ class Publish:
     task_id: str
 
 
-class Replica:
-    """One ``celery beat`` process running zkbeat.Scheduler."""
+class LoggedProcess:
+    """A child process in its own session, its output appended to a log file.
 
-    def __init__(self, identity: str, env: dict[str, str], log_dir: Path) -> None:
-        self.identity = identity
-        self.log_path = log_dir / f"{identity}.log"
-        self._env = {**env, "ZKBEAT_TEST_IDENTITY": identity}
-        self.process: subprocess.Popen | None = None
+    The shared shape of a beat replica in the tests, the demo and the bench:
+    its own session so a test's signals reach it alone, stdin closed.
+    """
 
-    def start(self, extra_env: dict[str, str] | None = None) -> Replica:
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.beatapp",
-                "beat",
-                "--scheduler",
-                "zkbeat.Scheduler",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env={**os.environ, **self._env, **(extra_env or {}), "PYTHONPATH": str(ROOT)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        return self
+    log_path: Path
+    process: subprocess.Popen | None = None
+
+    def spawn(self, command: list[str], *, cwd: Path, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:
@@ -75,9 +65,28 @@ class Replica:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def signal(self, sig: signal.Signals) -> None:
+    def signal(self, sig: int) -> None:
         if self.alive:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+class Replica(LoggedProcess):
+    """One ``celery beat`` process running zkbeat.Scheduler."""
+
+    def __init__(self, identity: str, env: dict[str, str], log_dir: Path) -> None:
+        self.identity = identity
+        self.log_path = log_dir / f"{identity}.log"
+        self._env = {**env, "ZKBEAT_TEST_IDENTITY": identity}
+
+    def start(self, extra_env: dict[str, str] | None = None) -> Replica:
+        self.spawn(
+            [sys.executable, "-m", "celery", "-A", "tests.beatapp", "beat", "--scheduler", "zkbeat.Scheduler",
+             "--loglevel", "INFO"],
+            cwd=ROOT,
+            env={**os.environ, **self._env, **(extra_env or {}), "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        return self
 
     def wait(self, timeout: float = 20) -> int:
         assert self.process is not None

@@ -14,13 +14,14 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.processes import LoggedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_LINE = re.compile(r"^\[(\d+\.\d+) (\d+) (\w+) ([\w.]+)\] (.*)$")
@@ -70,14 +71,13 @@ class LogEvent:
     message: str
 
 
-class Beat:
+class Beat(LoggedProcess):
     """One ``celery beat`` process."""
 
     def __init__(self, run: Run, index: int) -> None:
         self.run = run
         self.identity = f"{run.flavour.key}-{index}"
         self.log_path = run.dir / f"{self.identity}.log"
-        self.process: subprocess.Popen | None = None
         self.started_at = 0.0
 
     def start(self) -> Beat:
@@ -88,26 +88,9 @@ class Beat:
             "-s", str(self.run.dir / f"{self.identity}-schedule"),
         ]  # fmt: skip
         env = {**os.environ, **self.run.env, "BENCH_IDENTITY": self.identity, "PYTHONPATH": str(ROOT)}
-        with open(self.log_path, "ab") as log:
-            self.started_at = time.time()
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+        self.started_at = time.time()
+        self.spawn(command, cwd=ROOT, env=env)
         return self
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive:
-            os.kill(self.pid, sig)
 
     def kill(self) -> None:
         if self.alive:
