@@ -18,7 +18,9 @@ next wait really asks the broker.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -52,20 +54,69 @@ def wait_for_broker(
 def is_broker_error(exc: BaseException, connection: Any) -> bool:
     """True when ``exc`` (or what it was raised from) says the broker is unreachable.
 
+    Only errors of reaching the broker count: a refused or reset socket, a
+    timeout, an unknown host, the client library's own connection errors,
+    and kombu's ``OperationalError`` when it wraps one of those (or nothing).
+    Transports list broader types among their connection errors (kombu's
+    Redis transport lists ``KeyError`` and ``OSError``); taken as outages,
+    a task routed to a queue that does not exist (Celery's ``QueueNotFound``
+    is a ``KeyError``) would be claimed and withdrawn every second forever.
     Celery wraps a failed publish in ``SchedulingError`` raised inside the
-    except block, so the cause is found on ``__cause__``/``__context__``.
-    Anything else (a task that cannot be serialised, say) is not a reason to
-    wait for the broker.
+    except block, so the chain is followed through ``__cause__``/``__context__``.
     """
-    kinds = (OperationalError, ConnectionError, TimeoutError, *_errors(connection))
+    kinds = _unreachable_kinds(connection)
+    chain = _chain(exc)
+    if any(_is_unreachable(current, kinds) for current in chain):
+        return True
+    # kombu raises OperationalError of its own (no cause) when it gives up
+    # connecting; one that wraps something else (a KeyError, a nack) is not an outage.
+    return any(
+        isinstance(current, OperationalError) and current.__cause__ is None and current.__context__ is None
+        for current in chain
+    )
+
+
+#: errno values of an OSError that mean "cannot reach the other side".
+_UNREACHABLE_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EHOSTDOWN,
+    }
+)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
     seen: set[int] = set()
+    chain = []
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, kinds):
-            return True
         seen.add(id(current))
+        chain.append(current)
         current = current.__cause__ or current.__context__
-    return False
+    return chain
+
+
+def _unreachable_kinds(connection: Any) -> tuple[type[BaseException], ...]:
+    """The connection errors of the transport's client library, not builtins like KeyError."""
+    try:
+        listed = tuple(connection.connection_errors)
+    except Exception:  # noqa: BLE001 - a transport that cannot say: rely on the builtins below
+        listed = ()
+    own = tuple(kind for kind in listed if isinstance(kind, type) and kind.__module__ != "builtins")
+    return (ConnectionError, TimeoutError, socket.gaierror, socket.herror, *own)
+
+
+def _is_unreachable(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    if isinstance(exc, kinds):
+        return True
+    return type(exc) is OSError and exc.errno in _UNREACHABLE_ERRNOS
 
 
 def forget(scheduler: Any) -> None:

@@ -182,6 +182,14 @@ class Ledger:
     def ensure(self) -> None:
         self.client.ensure_path(self.path)
 
+    def sync(self) -> None:
+        """Have our ZooKeeper server catch up with the quorum before the next read.
+
+        A read right after a session moved to another server may otherwise be
+        served before a commit still in flight from the old connection lands.
+        """
+        self.client.sync(self.path)
+
     def load(self, names: Iterable[str] | None = None) -> dict[str, LedgerRecord]:
         """Read entries (all, or ``names``) with pipelined reads.
 

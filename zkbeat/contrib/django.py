@@ -45,7 +45,7 @@ from django.db import close_old_connections
 from django_celery_beat import schedulers
 from django_celery_beat.models import PeriodicTask
 
-from ..ledger import LedgerRecord
+from ..ledger import EntryState
 from ..scheduler import LeaderScheduleMixin
 
 __all__ = ["DatabaseScheduler", "ModelEntry"]
@@ -143,10 +143,10 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
 
     # -- leadership --------------------------------------------------------
 
-    def _setup_host_schedule(self) -> None:
-        """Nothing at start-up: django-celery-beat's setup writes; it runs on promotion."""
+    def setup_host_schedule(self) -> None:
+        """Nothing at start-up: django-celery-beat's setup writes; it runs once leading."""
 
-    def _on_promote(self) -> None:
+    def on_leadership_start(self) -> None:
         """A new leader starts from the database's current schedule (one read, no write)."""
         self._reload_wanted = True
         try:
@@ -154,31 +154,24 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         except DatabaseError as exc:
             logger.error("zkbeat: cannot read the schedule from the database (%r); retrying on every pass", exc)
 
-    def _on_demote(self) -> None:
+    def on_leadership_end(self) -> None:
         if self._dirty:
             logger.info("zkbeat: not leading: dropping unsynced run times of %s", ", ".join(sorted(self._dirty)))
         self._dirty.clear()
         self._reload_wanted = True
 
-    def _merge(self, records: dict[str, LedgerRecord]) -> None:
-        """Take the ledger's last run unless the row vouches for one at least as new."""
-        trusted = {}
-        for name, record in records.items():
-            entry = self.schedule.get(name)
-            if entry is not None and record.state is not None:
-                vouched = entry.vouched_run()
-                if vouched is not None and maybe_make_aware(vouched) >= record.state.last_run_at:
-                    record = LedgerRecord(None, record.version)
-            trusted[name] = record
-        super()._merge(trusted)
+    def keeps_own_run(self, entry: beat.ScheduleEntry, state: EntryState) -> bool:
+        """Keep the row's last run when it vouches for one at least as new as the ledger's."""
+        vouched = entry.vouched_run() if isinstance(entry, ModelEntry) else None
+        return vouched is not None and maybe_make_aware(vouched) >= state.last_run_at
 
     # -- the loop ----------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        if self._leading and not self._closed and self.election is not None and self.election.is_leader:
+        if self.leading:
             self._refresh()
         interval = super().tick(*args, **kwargs)
-        if self._leading and not self._host_set_up:
+        if self.leading and not self._host_set_up:
             return 0  # the deferred upsert of beat_schedule comes right after this pass, not max_interval later
         return interval
 
@@ -216,10 +209,8 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         self._reload_wanted = False
         self._dirty &= set(self._schedule)
         # The rebuilt entries carry the rows' run times, which may be behind
-        # the ledger: forgetting their versions makes the mixin read the
-        # ledger for each before its first claim (_recheck_unknown).
-        self._versions.clear()
-        self._heap = None
+        # the ledger: the term reads the ledger for each before its first claim.
+        self.schedule_replaced()
 
     def all_as_schedule(self) -> dict[str, ModelEntry]:
         """Every enabled task; a row that cannot become an entry is logged and left out.
@@ -238,18 +229,15 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 logger.error("zkbeat: leaving out periodic task %r: it cannot be scheduled: %r", model.name, exc)
         return loaded
 
-    def apply_async(self, entry: beat.ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
-        result = super().apply_async(entry, producer=producer, advance=advance, **kwargs)
-        self._dirty.add(entry.name)  # published: its new run time goes to the row at the next sync
-        return result
-
     def should_sync(self) -> bool:
-        # Celery asks inside apply_async, before the mixin has stored the
-        # advanced entry, so a sync there would write the previous run.
-        # _refresh syncs at the top of the next pass instead.
+        # Celery asks inside apply_async, in the middle of a batch whose
+        # shutdown signals are held; _refresh syncs at the top of the next
+        # pass instead. (reserve(), django-celery-beat's own, marks each
+        # advanced entry dirty; a claim that did not commit puts the
+        # unadvanced entry back, whose row then holds the previous run.)
         return False
 
     def sync(self) -> None:
         """Write run times to the rows, only while leading (also at exit)."""
-        if self._leading and self.election is not None and self.election.is_leader:
+        if self.leading:
             super().sync()

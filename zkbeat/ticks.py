@@ -1,0 +1,74 @@
+"""What names one tick of an entry: its slot, its task id, its message options.
+
+Every replica must compute the same answers from the same ledger state, so
+that a tick keeps its name (headers, task id) across a leader change.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from celery import beat
+from celery.utils.time import maybe_make_aware
+
+from .conf import ENTRY_MISFIRE_OPTION, parse_misfire_grace_time
+from .exceptions import ConfigurationError
+
+__all__ = ["tick_slot", "task_id_for", "grace_time", "message_options", "HEADER_ENTRY", "HEADER_SLOT", "HEADER_EPOCH"]
+
+logger = logging.getLogger(__name__)
+
+HEADER_ENTRY = "zkbeat-entry"
+HEADER_SLOT = "zkbeat-slot"
+HEADER_EPOCH = "zkbeat-epoch"
+
+
+def tick_slot(entry: beat.ScheduleEntry) -> datetime:
+    """The UTC time entry's due tick was planned for, from its last run alone.
+
+    The schedule's clock is pinned while it is asked, so every replica that
+    holds the same ``last_run_at`` (from the ledger) computes the same slot
+    to the microsecond; the slot names the tick in headers and task ids.
+    """
+    last_run_at = entry.last_run_at
+    pinned = datetime.now(timezone.utc)
+    try:
+        schedule = copy.copy(entry.schedule)
+        schedule.nowfun = lambda: pinned
+        slot = pinned + schedule.remaining_estimate(last_run_at)
+    except Exception:  # noqa: BLE001 - custom schedules may not support this
+        slot = pinned
+    return maybe_make_aware(slot).astimezone(timezone.utc)
+
+
+def task_id_for(root: str, name: str, slot: datetime) -> str:
+    """A task id that is the same for the same tick on every replica (uuid5)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"zkbeat:{root}:{name}:{slot.isoformat()}"))
+
+
+def grace_time(entry: beat.ScheduleEntry, default: float | None) -> float | None:
+    """The entry's misfire grace time: its own option if valid, else ``default``."""
+    options = entry.options or {}
+    if ENTRY_MISFIRE_OPTION in options:
+        try:
+            return parse_misfire_grace_time(
+                f"{entry.name}.options.{ENTRY_MISFIRE_OPTION}", options[ENTRY_MISFIRE_OPTION]
+            )
+        except ConfigurationError as exc:
+            logger.error("zkbeat: %s; using zkbeat_misfire_grace_time instead", exc)
+    return default
+
+
+def message_options(entry: beat.ScheduleEntry, root: str, slot: datetime, epoch: int) -> dict[str, Any]:
+    """The entry's options for this tick: zkbeat's headers and task id, its own option removed."""
+    options = dict(entry.options or {})
+    options.pop(ENTRY_MISFIRE_OPTION, None)
+    headers = dict(options.get("headers") or {})
+    headers.update({HEADER_ENTRY: entry.name, HEADER_SLOT: slot.isoformat(), HEADER_EPOCH: epoch})
+    options["headers"] = headers
+    options["task_id"] = task_id_for(root, entry.name, slot)
+    return options
