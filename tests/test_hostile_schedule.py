@@ -1,0 +1,162 @@
+"""Bad input in the user's own schedule, and faults around a claim, in-process
+against real ZooKeeper and Redis: each is logged and left out or survived,
+and every other entry keeps running."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import pytest
+from celery import beat
+from celery.schedules import schedule
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+from kombu.exceptions import OperationalError
+
+from tests import test_scheduler as _base
+from tests.helpers import Published, lead, wait_for
+from zkbeat import term as term_module
+
+make_scheduler = _base.make_scheduler  # the fixture
+every = _base.every
+
+
+class RaisingSchedule(schedule):
+    """A schedule that cannot say when it is due (a custom schedule with a bug)."""
+
+    def is_due(self, last_run_at: datetime):
+        raise ValueError("this schedule cannot say when it is due")
+
+
+def raising() -> dict:
+    return {"task": "zkbeat.test", "schedule": RaisingSchedule(timedelta(seconds=1))}
+
+
+def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def tick_until(scheduler, predicate, timeout: float = 15):
+    return wait_for(lambda: scheduler.tick() is not None and predicate(), timeout=timeout)
+
+
+def test_an_entry_whose_schedule_raises_is_left_out_without_celery_5_7(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a Celery without Scheduler._is_due_failed (5.3 to 5.6), a raising entry is logged once and the rest runs."""
+    monkeypatch.delattr(beat.Scheduler, "_is_due_failed", raising=False)
+    scheduler = make_scheduler({"broken": raising(), "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "broken" not in published.entries()
+    assert len(messages(caplog, "leaving out broken")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+def test_a_task_routed_to_a_missing_queue_is_dropped_not_taken_for_an_outage(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queue missing from task_queues: that tick is logged and counted as run; its batch is published."""
+    scheduler = make_scheduler(
+        {"nowhere": every(0.3, queue="nowhere"), "alpha": every(0.3), "beta": every(0.3)},
+        task_create_missing_queues=False,
+        task_queues={"celery": {"exchange": "celery", "routing_key": "celery"}},
+    )
+    lead(scheduler)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: min(published.entries().count(n) for n in ("alpha", "beta")) >= 4)
+    dropped = messages(caplog, "nowhere (slot")
+    runs = scheduler.ledger.load(["nowhere"])["nowhere"].state.total_run_count
+    assert dropped and all("cannot be sent and is dropped" in m for m in dropped)
+    assert len(dropped) == runs, "logged once per tick, and each tick counts as run"
+    assert not messages(caplog, "broker unreachable") and not messages(caplog, "reachable again")
+    assert not messages(caplog, "claim is withdrawn"), "nothing in its batch was held back"
+
+
+def test_entries_deleted_under_a_running_leader_are_recreated(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """<root>/v1/entries deleted while leading: the leader re-creates it and goes on publishing, no hot loop."""
+    scheduler = make_scheduler({"tidy": every(0.2), "report": every(0.2)})
+    lead(scheduler)
+    tick_until(scheduler, lambda: published.entries().count("tidy") >= 2)
+    zk_client.delete(f"{zk_root}/v1/entries", recursive=True)
+    before = len(published.headers)
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        tick_until(scheduler, lambda: len(published.headers) >= before + 6)
+    assert zk_client.exists(f"{zk_root}/v1/entries/tidy") is not None
+    assert len(messages(caplog, "changed underneath")) <= 4, "each entry re-read once or twice, not in a loop"
+    assert scheduler.election.is_leader
+
+
+def test_a_lost_reply_then_a_broker_outage_neither_loses_nor_doubles_the_tick(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim commits, its reply is lost; leading again, the broker is down: the tick is withdrawn, then sent once."""
+    scheduler = make_scheduler({"tidy": every(0.5)})
+    lead(scheduler)
+    tick_until(scheduler, lambda: published.entries().count("tidy") >= 1)
+    ledger = scheduler.ledger
+    count_before = ledger.load(["tidy"])["tidy"].state.total_run_count
+    real_claim = ledger.claim
+    lost: list = []
+
+    def claim_then_lose_the_reply(claims, fence):
+        result = real_claim(claims, fence)
+        if not lost and claims[0].state.slot is not None:
+            lost.append(claims[0].state)  # committed on the server; the reply never arrives
+            raise ConnectionLoss("reply lost (test)")
+        return result
+
+    monkeypatch.setattr(ledger, "claim", claim_then_lose_the_reply)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: bool(lost))
+        assert scheduler.term is None and scheduler._pending, "the claim is kept pending across terms"
+        monkeypatch.setattr(ledger, "claim", real_claim)
+        # The partition that lost the reply cuts the broker too: kombu cannot
+        # reach it when the replica leads again, and then can.
+        real_wait = term_module.wait_for_broker
+        outage = [OperationalError("broker unreachable (test)")]
+        monkeypatch.setattr(
+            term_module, "wait_for_broker", lambda *a, **k: outage.pop() if outage else real_wait(*a, **k)
+        )
+        lead(scheduler)
+        slot = lost[0].slot.isoformat()
+        tick_until(scheduler, lambda: published.headers and any(h["zkbeat-slot"] == slot for h in published.headers))
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 4)
+    slots = [h["zkbeat-slot"] for h in published.headers]
+    assert slots.count(slot) == 1, "the lost-reply tick is published exactly once"
+    assert len(slots) == len(set(slots)), "no tick twice"
+    assert messages(caplog, "withdrawn"), "with the broker down, the landed claim was withdrawn"
+    assert not messages(caplog, "did not commit"), "a claim that committed is never described as not committed"
+    state = ledger.load(["tidy"])["tidy"].state
+    assert state.total_run_count == count_before + len(slots) - 1, "each published tick counted once"
+
+
+def test_a_leader_whose_unexpected_errors_persist_steps_down_only_after_several(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug that raises on every pass: the term restarts twice, then the replica steps down (no ping-pong)."""
+    scheduler = make_scheduler({"tidy": every(0.2)})
+    lead(scheduler)
+    tick_until(scheduler, lambda: published.headers)
+    epoch = scheduler.election.epoch
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug (test)")
+
+    monkeypatch.setattr(term_module.Term, "run", bug)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(
+            lambda: scheduler.tick() is not None and len(messages(caplog, "unexpected error while leading")) >= 3,
+            timeout=20,
+        )
+    assert len(messages(caplog, "starting the term afresh")) == 2
+    assert len(messages(caplog, "stepping down")) == 1
+    monkeypatch.undo()
+    lead(scheduler)
+    assert scheduler.election.epoch != epoch, "it stepped down and joined again at the back"
