@@ -16,7 +16,16 @@ from datetime import timedelta
 
 import redis
 from celery import Celery
+from celery.schedules import schedule
 from celery.signals import after_task_publish, before_task_publish
+
+
+class RaisingSchedule(schedule):
+    """A schedule whose is_due always raises."""
+
+    def is_due(self, last_run_at):
+        raise ValueError("this schedule cannot say when it is due")
+
 
 app = Celery("beatapp")
 app.conf.update(
@@ -37,6 +46,12 @@ app.conf.update(
         for name, seconds in json.loads(os.environ.get("ZKBEAT_TEST_SCHEDULE", "{}")).items()
     },
 )
+# Entries whose schedule raises (a user's custom schedule with a bug): the
+# rest of the schedule must keep running.
+for _name in json.loads(os.environ.get("ZKBEAT_TEST_RAISING", "[]")):
+    app.conf.beat_schedule[_name] = {"task": "beatapp.record", "schedule": RaisingSchedule(1.0), "args": (_name,)}
+# Any other Celery setting a test needs, e.g. {"task_create_missing_queues": false}.
+app.conf.update(json.loads(os.environ.get("ZKBEAT_TEST_CONF", "{}")))
 if os.environ.get("ZKBEAT_TEST_METRICS_PORT"):
     app.conf.zkbeat_metrics_port = int(os.environ["ZKBEAT_TEST_METRICS_PORT"])
     app.conf.zkbeat_metrics_address = "127.0.0.1"
