@@ -13,7 +13,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -36,23 +36,87 @@ _REDACTED = "<redacted>"
 _AUTH_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 
 
+def _setting(default: Any, *, shown: str, help: str) -> Any:
+    """A Settings field with its documentation as data: the settings reference is generated from it.
+
+    ``shown`` is the default as a user sees it (``zkbeat_root``'s depends on
+    the app), ``help`` what the setting means; both are reStructuredText.
+    """
+    return field(default=default, metadata={"default": shown, "help": help})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Validated zkbeat settings; build it with :func:`read_settings`."""
+    """Validated zkbeat settings; build it with :func:`read_settings`.
 
-    hosts: str = DEFAULT_HOSTS
-    root: str = "/zkbeat/default"
-    session_timeout: float = DEFAULT_SESSION_TIMEOUT
-    identity: str = ""
-    misfire_grace_time: float | None = None
-    auth: tuple[tuple[str, str], ...] = ()
-    use_ssl: bool = False
-    ssl_ca: str | None = None
-    ssl_cert: str | None = None
-    ssl_key: str | None = None
+    Each field is the setting ``zkbeat_<field>`` (``CELERY_ZKBEAT_<FIELD>``
+    under Django); its metadata holds the default as shown and the meaning.
+    """
+
+    hosts: str = _setting(
+        DEFAULT_HOSTS,
+        shown="env ``ZKBEAT_HOSTS``, else ``127.0.0.1:2181``",
+        help="ZooKeeper connect string, chroot allowed (``zk1:2181,zk2:2181/apps``).",
+    )
+    root: str = _setting(
+        "/zkbeat/default",
+        shown="``/zkbeat/<app.main>``",
+        help="Base znode of this app's election and ledger.",
+    )
+    session_timeout: float = _setting(
+        DEFAULT_SESSION_TIMEOUT,
+        shown="``10.0``",
+        help="Seconds; bounds crash failover (ZooKeeper expires a session in ``tickTime`` buckets, "
+        "and clamps it to 2-20 x ``tickTime``).",
+    )
+    identity: str = _setting(
+        "",
+        shown="``<hostname>:<pid>``",
+        help="Shown in logs, ``zkbeat status`` and candidate data.",
+    )
+    misfire_grace_time: float | None = _setting(
+        None,
+        shown="``None``",
+        help="A tick later than this many seconds is skipped (logged), not caught up; ``None`` catches up once, "
+        "Celery's own rule. Per entry: ``options={'zkbeat_misfire_grace_time': 30}`` (removed before publish).",
+    )
+    auth: tuple[tuple[str, str], ...] = _setting(
+        (),
+        shown="``None``",
+        help="E.g. ``[('digest', 'user:secret')]``; znodes are created with an ACL for that identity, "
+        "and the secret is never shown.",
+    )
+    use_ssl: bool = _setting(
+        False,
+        shown="``False``",
+        help="TLS to ZooKeeper; ``zkbeat_hosts`` then names its ``secureClientPort``.",
+    )
+    ssl_ca: str | None = _setting(
+        None,
+        shown="``None`` (the system's CAs)",
+        help="CA file the ZooKeeper server's certificate must chain to.",
+    )
+    ssl_cert: str | None = _setting(
+        None,
+        shown="``None``",
+        help="Client certificate file, for a server with ``ssl.clientAuth=need``.",
+    )
+    ssl_key: str | None = _setting(
+        None,
+        shown="``None``",
+        help="Private key file of ``zkbeat_ssl_cert``.",
+    )
     #: Port for Prometheus metrics and /healthz; None keeps them off.
-    metrics_port: int | None = None
-    metrics_address: str = "0.0.0.0"
+    metrics_port: int | None = _setting(
+        None,
+        shown="``None`` (off)",
+        help="Port of Prometheus ``/metrics`` and ``/healthz`` (needs ``zkbeat[metrics]``).",
+    )
+    metrics_address: str = _setting(
+        "0.0.0.0",
+        shown="``0.0.0.0``",
+        help="Address the metrics port binds to.",
+    )
 
     def __repr__(self) -> str:
         # Credentials never reach a log line or a traceback through repr().

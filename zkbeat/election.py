@@ -82,7 +82,7 @@ class LeaderElection:
     event                         action                                      leader
     ============================  ==========================================  =======
     start()                       create candidate, then check                maybe
-    own candidate sorts first     (CONNECTED, owned by this session) lead    yes
+    own candidate sorts first     (CONNECTED, owned by this session) lead     yes
     predecessor deleted (watch)   re-check, watch the new predecessor         maybe
     SUSPENDED                     stop at once, in the listener               no
     CONNECTED, same session       re-check node exists, owner, sorts first    maybe

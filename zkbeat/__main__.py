@@ -1,0 +1,8 @@
+"""``python -m zkbeat``: the ``zkbeat`` command, for when only the interpreter is on PATH."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    main(prog_name="zkbeat")
