@@ -4,15 +4,18 @@ the leader; `zkbeat health` sees an election whose head does not lead."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions
 
 from tests.helpers import wait_for
 from tests.processes import ROOT
@@ -31,7 +34,7 @@ def path(root: str) -> str:
 
 
 @pytest.fixture
-def made(zk_client: KazooClient) -> Iterator[list[LeaderElection]]:
+def made() -> Iterator[list[LeaderElection]]:
     elections: list[LeaderElection] = []
     yield elections
     for election in elections:
@@ -63,7 +66,7 @@ def test_a_persistent_candidate_sorting_first_is_not_waited_on(
 
 
 def test_a_badly_named_candidate_sorting_first_is_not_waited_on(
-    zk_server: ZooKeeperServer, zk_client: KazooClient, path: str, made: list[LeaderElection]
+    zk_client: KazooClient, path: str, made: list[LeaderElection]
 ) -> None:
     """An ephemeral child named candidate-x-0000000000 (not zkbeat's name) does not stall the election."""
     zk_client.ensure_path(path)
@@ -137,10 +140,27 @@ def test_health_fails_when_the_head_of_the_election_does_not_lead(
     """health exits 1 with one line when the lowest real candidate has not taken the lead for a session timeout."""
     zk_client.ensure_path(path)
     # A live session's candidate, named as zkbeat names them, whose owner never leads.
-    zk_client.create(
-        f"{path}/candidate-{uuid.uuid4().hex}-", b'{"identity": "stuck"}', ephemeral=True, sequence=True
-    )
+    zk_client.create(f"{path}/candidate-{uuid.uuid4().hex}-", b'{"identity": "stuck"}', ephemeral=True, sequence=True)
     result = zkbeat("-A", "tests.beatapp", "health", env=_app_env(zk_server, root))
     assert result.returncode == 1, result.stdout
     assert "stuck" in result.stderr and "has not" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_failed_announcement_is_made_again(zk_client: KazooClient, path: str, made: list[LeaderElection]) -> None:
+    """A leader whose announcement ZooKeeper refused announces on its next pass, so health can see it lead."""
+    refuse_writes = [
+        ACL(Permissions.READ | Permissions.CREATE | Permissions.DELETE | Permissions.ADMIN, ANYONE_ID_UNSAFE)
+    ]
+    zk_client.create(path, b"", acl=refuse_writes, makepath=True)
+    election = _election(zk_client, path, made, "leader")
+    assert election.wait_for_leadership(timeout=10)
+    # Replies and their callbacks come back in order: once this sync's has run, the refused write's has too.
+    done = threading.Event()
+    zk_client.sync_async(path).rawlink(lambda _: done.set())
+    assert done.wait(10)
+    assert zk_client.get(path)[0] == b"", "the test needs the first announcement refused"
+    zk_client.set_acls(path, OPEN_ACL_UNSAFE)
+    election.recheck()
+    name = election.candidate.rsplit("/", 1)[1]
+    wait_for(lambda: json.loads(zk_client.get(path)[0] or b"{}").get("leader") == name, message="announced")

@@ -454,14 +454,23 @@ class LeaderElection:
 
         Nobody watches that node: written into the candidate it would fire the
         successor's watch and wake a follower for nothing. Asynchronous, so
-        the leader does not wait.
+        the leader does not wait. ``zkbeat health`` counts a head as leading
+        only once it has announced, so a write that fails is made again on
+        the next pass (the reconnect's, after a ConnectionLoss).
         """
         if self._announced == fence.candidate:
             return
         self._announced = fence.candidate
         since = datetime.now(timezone.utc).isoformat()
         announcement = {"leader": fence.candidate.rsplit("/", 1)[1], "leader_since": since}
-        self.client.set_async(self.path, json.dumps(announcement, sort_keys=True).encode())
+        request = self.client.set_async(self.path, json.dumps(announcement, sort_keys=True).encode())
+        request.rawlink(lambda result: self._on_announced(fence, result))
+
+    def _on_announced(self, fence: Fence, result: Any) -> None:
+        # kazoo's thread: state only. No wake-up, so a write ZooKeeper keeps
+        # refusing (an ACL) is retried once per pass, never in a loop.
+        if result.exception is not None and self._announced == fence.candidate:
+            self._announced = None
 
     def _join(self, session_id: int | None) -> None:
         """Adopt our candidate from a lost create() reply, or create one.
