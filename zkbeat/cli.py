@@ -29,7 +29,8 @@ from . import __version__
 from ._zookeeper import make_client
 from .conf import Settings, parse_hosts, parse_root, read_settings
 from .exceptions import ConfigurationError
-from .status import ClusterStatus, NotAZkbeatRoot, read_status
+from .layout import LAYOUT_DIR
+from .status import ClusterStatus, NotAZkbeatRoot, read_election, read_status
 
 __all__ = ["main", "celery_command"]
 
@@ -282,18 +283,50 @@ def step_down(ctx: click.Context, wait: bool, wait_timeout: float) -> None:
 @click.option("--local", is_flag=True, help="Also require this replica (its /healthz) to be connected.")
 @click.pass_context
 def health(ctx: click.Context, local: bool) -> None:
-    """Exit 0 when the cluster has a leader (and, with --local, this replica is connected)."""
+    """Exit 0 when the cluster has a leader (and, with --local, this replica is connected).
+
+    The leader is the head of the election (its lowest real candidate; a
+    stranger's znode never counts) once it has said so on the election node.
+    A head that has not said so within one session timeout is not leading: a
+    stuck process, or a live session's node that no zkbeat runs behind.
+    """
     target = _target(ctx)
     if local:
         _check_local(target)
     with _connected(target) as client:
         found = _read(target, client)
+        if found.leader is not None and not found.leader_announced:
+            found = _await_announcement(target, client, found)
     if found.leader is None:
         _fail(1, f"no leader: no replica is in the election under {found.root}")
+    head = found.leader
+    if not found.leader_announced:
+        _fail(
+            1,
+            _printable(
+                f"no leader: {head.identity or '?'} (epoch {head.epoch}, {head.znode}) heads the election but has "
+                f"not taken the lead within the session timeout ({target.settings.session_timeout:g}s)"
+            ),
+        )
+    ignored = f", {len(found.strangers)} stranger znode(s) ignored" if found.strangers else ""
     click.echo(
-        f"ok: {_printable(found.leader.identity or '?')} leads (epoch {found.leader.epoch}), "
-        f"{len(found.candidates)} candidate(s)"
+        f"ok: {_printable(head.identity or '?')} leads (epoch {head.epoch}), "
+        f"{len(found.candidates)} candidate(s){ignored}"
     )
+
+
+def _await_announcement(target: Target, client: KazooClient, found: ClusterStatus) -> ClusterStatus:
+    """Re-read until the head announces its lead, for at most one session timeout.
+
+    A handover takes milliseconds; a head still silent after a session
+    timeout is not going to lead by itself.
+    """
+    path = f"{found.root.rstrip('/')}/{LAYOUT_DIR}/election"
+    deadline = time.monotonic() + target.settings.session_timeout
+    while time.monotonic() < deadline and found.leader is not None and not found.leader_announced:
+        time.sleep(0.1)
+        found.candidates, found.strangers = read_election(client, path)
+    return found
 
 
 def _check_local(target: Target) -> None:

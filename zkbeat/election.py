@@ -20,14 +20,17 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, ZookeeperError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
-__all__ = ["LeaderElection", "LATENT", "STARTED", "CLOSED", "candidate_sequence"]
+from .candidates import PREFIX, CandidateReader, parse_name
+
+__all__ = ["LeaderElection", "Fence", "LATENT", "STARTED", "CLOSED", "candidate_sequence"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ LATENT = "LATENT"
 STARTED = "STARTED"
 CLOSED = "CLOSED"
 
-_PREFIX = "candidate-"
+_PREFIX = PREFIX
 _SEQUENCE_DIGITS = 10
 #: How long close() waits for ZooKeeper to confirm the candidate's deletion.
 _CLOSE_TIMEOUT = 2.0
@@ -44,6 +47,25 @@ _CLOSE_TIMEOUT = 2.0
 _RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 Listener = Callable[[bool], None]
+
+
+class Fence(NamedTuple):
+    """This replica's candidate as one value: its epoch and its znode's path.
+
+    Read as one attribute, so a reader never pairs the epoch of one candidate
+    with the path of the next (the election swaps the whole value).
+    """
+
+    epoch: int
+    candidate: str
+
+
+@dataclass(frozen=True)
+class _Mine:
+    """Our candidate and the session that created it (one value, swapped whole)."""
+
+    fence: Fence
+    session: int | None
 
 
 def candidate_sequence(name: str) -> int:
@@ -57,13 +79,18 @@ def candidate_sequence(name: str) -> int:
 
 
 def sorted_candidates(children: list[str]) -> list[str]:
-    """Candidates in election order (lowest sequence first); strangers dropped."""
+    """Names zkbeat makes, in election order (lowest sequence first); others dropped.
+
+    By name only: the election itself also drops persistent lookalikes,
+    which needs their stats (see candidates.CandidateReader).
+    """
     ranked = []
     for child in children:
-        try:
-            ranked.append((candidate_sequence(child), child))
-        except ValueError:
-            logger.warning("zkbeat: ignoring unexpected znode %r among election candidates", child)
+        parsed = parse_name(child)
+        if parsed is None:
+            logger.debug("zkbeat: ignoring unexpected znode %r among election candidates", child)
+        else:
+            ranked.append((parsed[1], child))
     return [child for _, child in sorted(ranked)]
 
 
@@ -73,24 +100,44 @@ class LeaderElection:
     Each replica creates one ephemeral sequential candidate; the lowest
     sequence leads; each follower watches only its predecessor (no herd).
     The leader's sequence number is its ``epoch``, a fencing token that only
-    grows from one leader to the next.
+    grows from one leader to the next. Children that zkbeat did not make (a
+    persistent or oddly named "candidate") are strangers: logged once, never
+    led by and never waited on (see candidates.py).
 
-    Transitions (checked against the code in ``_on_connection_state`` and
-    ``_reconcile``):
+    Every leadership decision carries the token current when the worker
+    began it; step_down(), recheck(), a connection state change and the
+    deletion of our own node each take a new token, so a decision begun
+    before them never counts, even if it lands after them.
 
-    ============================  ==========================================  =======
-    event                         action                                      leader
-    ============================  ==========================================  =======
-    start()                       create candidate, then check                maybe
-    own candidate sorts first     (CONNECTED, owned by this session) lead     yes
-    predecessor deleted (watch)   re-check, watch the new predecessor         maybe
-    SUSPENDED                     stop at once, in the listener               no
-    CONNECTED, same session       re-check node exists, owner, sorts first    maybe
-    LOST / new session            forget the candidate, create a new one      no
-    own candidate deleted         (step-down, external delete) rejoin at the  no
-                                  back of the line
-    close()                       delete candidate first, stop worker         no
-    ============================  ==========================================  =======
+    Transitions (checked against the code in ``_on_connection_state``,
+    ``_on_watch``, ``_invalidate`` and ``_reconcile``):
+
+    ==============================  ==========================================  =======
+    event                           action                                      leader
+    ==============================  ==========================================  =======
+    start()                         create candidate, then check                maybe
+    own candidate first among the   (CONNECTED, owned by this session, token    yes
+    real candidates                 unchanged since the check began) lead
+    predecessor deleted (watch)     re-check, watch the new predecessor         maybe
+    predecessor gone before the     (get answers NoNode: no watch is left       maybe
+    watch is set                    behind) re-check
+    stranger's child (persistent,   logged once, skipped: neither leader nor    -
+    or a name zkbeat does not make) predecessor
+    SUSPENDED                       stop at once, in the listener (new token)   no
+    CONNECTED, same session         re-check node exists, owner, sorts first    maybe
+    LOST / new session              forget the candidate (and any pending       no
+                                    step-down: the node went with the
+                                    session), create a new one
+    own candidate deleted           (step-down, external delete) rejoin at the  no
+                                    back of the line
+    step_down()                     new token; delete the candidate, rejoin     no
+                                    at the back
+    step-down's delete fails        stays pending, retried on the next pass     no
+    (ConnectionLoss)                until ZooKeeper confirms it (NoNode counts)
+                                    or the session is gone
+    recheck()                       new token; re-check as on CONNECTED         maybe
+    close()                         delete candidate first, stop worker         no
+    ==============================  ==========================================  =======
 
     Limits: listeners run on the election's worker thread and must return
     quickly; they hear edges only (became leader / stopped being leader). The
@@ -115,18 +162,22 @@ class LeaderElection:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._leader_event = threading.Event()
-        self._leader = False
         self._reported = False
-        # Bumped by every connection state change; a leadership decision made
-        # under an older connection generation never counts.
-        self._connection_generation = 0
-        self._leader_generation = -1
+        # Taken anew (under _lock) by every event that must void a decision in
+        # flight; a decision counts only while its token is still current.
+        self._token = 0
+        #: (token, fence) of the leadership last decided, or None.
+        self._leadership: tuple[int, Fence] | None = None
         self._listeners: list[Listener] = []
-        self._candidate: str | None = None
-        self._candidate_session: int | None = None
+        self._mine: _Mine | None = None
+        self._reader = CandidateReader(client, self.path)  # the worker's
+        self._caller_reader = CandidateReader(client, self.path)  # candidates()'
         #: The candidate whose leadership was last written to the election node.
         self._announced: str | None = None
-        self._step_down_requested = False
+        # step_down() counts requests; the worker counts the ones done, so a
+        # request made while one is being carried out is never lost.
+        self._step_downs_requested = 0
+        self._step_downs_done = 0
         self._thread: threading.Thread | None = None
 
     def _encoded(self, extra: Mapping[str, Any]) -> bytes:
@@ -146,22 +197,41 @@ class LeaderElection:
         ``client.state`` is updated by kazoo before any listener runs, so a
         SUSPENDED connection reads as "not leader" from that instant.
         """
-        return (
-            self._leader
-            and self.client.state == KazooState.CONNECTED
-            and self._leader_generation == self._connection_generation
-        )
+        return self.leadership is not None
+
+    @property
+    def leadership(self) -> Fence | None:
+        """The fence this replica leads under, or None while it does not lead.
+
+        One read answers both "do I lead?" and "under which candidate?": a
+        caller holding a term can compare fences to see that its term ended.
+        """
+        decided, mine = self._leadership, self._mine
+        if decided is None or mine is None or self.client.state != KazooState.CONNECTED:
+            return None
+        token, fence = decided
+        return fence if token == self._token and fence == mine.fence else None
+
+    @property
+    def fence(self) -> Fence | None:
+        """This replica's candidate as one immutable (epoch, candidate) value, if it has one.
+
+        Leading or not; see ``leadership`` for the fence of a current lead.
+        """
+        mine = self._mine
+        return mine.fence if mine is not None else None
 
     @property
     def candidate(self) -> str | None:
         """Full path of this replica's candidate znode, if it has one."""
-        return self._candidate
+        fence = self.fence
+        return fence.candidate if fence else None
 
     @property
     def epoch(self) -> int | None:
         """This replica's candidate sequence number (its fencing token)."""
-        candidate = self._candidate
-        return candidate_sequence(candidate.rsplit("/", 1)[1]) if candidate else None
+        fence = self.fence
+        return fence.epoch if fence else None
 
     def start(self) -> None:
         """Join the election; returns at once (connecting happens in the background)."""
@@ -187,15 +257,22 @@ class LeaderElection:
         self._listeners.remove(listener)
 
     def step_down(self) -> None:
-        """Give up leadership (or the place in line) and rejoin at the back."""
-        self._step_down_requested = True
-        self._drop_leadership()
-        self._wake.set()
+        """Give up leadership (or the place in line) and rejoin at the back.
+
+        Not leader from the moment this returns. The candidate is deleted by
+        the worker; if that fails (connection lost) it tries again until
+        ZooKeeper confirms, or the session ends and takes the node with it.
+        """
+        with self._lock:
+            self._step_downs_requested += 1
+        self._invalidate()
 
     def recheck(self) -> None:
-        """Ask the worker to re-verify leadership (e.g. after a fenced claim)."""
-        self._drop_leadership()
-        self._wake.set()
+        """Ask the worker to re-verify leadership (e.g. after a fenced claim).
+
+        Not leader until the re-check, begun after this call, says so.
+        """
+        self._invalidate()
 
     def close(self) -> None:
         """Leave the election: delete the candidate first (graceful handover).
@@ -208,54 +285,61 @@ class LeaderElection:
             if self._state == CLOSED:
                 return
             self._state = CLOSED
-        self._drop_leadership()
-        self._wake.set()
+        self._invalidate()
         self.client.remove_listener(self._on_connection_state)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(_CLOSE_TIMEOUT)
-        candidate, self._candidate = self._candidate, None
-        if candidate and self.client.state == KazooState.CONNECTED:
+        mine, self._mine = self._mine, None
+        if mine and self.client.state == KazooState.CONNECTED:
             try:
-                self.client.delete_async(candidate).get(timeout=_CLOSE_TIMEOUT)
+                self.client.delete_async(mine.fence.candidate).get(timeout=_CLOSE_TIMEOUT)
             except NoNodeError:
                 pass
             except Exception as exc:  # noqa: BLE001 - shutdown must finish
-                logger.warning("zkbeat: could not delete candidate %s on close: %r", candidate, exc)
+                logger.warning("zkbeat: could not delete candidate %s on close: %r", mine.fence.candidate, exc)
         self._notify()
 
     def candidates(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every candidate in election order with its data (ZooKeeper reads)."""
-        found = []
-        for child in sorted_candidates(self.client.get_children(self.path)):
-            try:
-                raw, _ = self.client.get(f"{self.path}/{child}")
-                info = json.loads(raw.decode() or "{}")
-            except NoNodeError:
-                continue
-            except ValueError:
-                logger.warning("zkbeat: unreadable data in candidate %s/%s", self.path, child)
-                info = {}
-            found.append((child, info if isinstance(info, dict) else {}))
-        return found
+        """Every real candidate in election order with its data (ZooKeeper reads; strangers left out)."""
+        line = self._caller_reader.read()
+        return [(c.name, dict(c.data)) for c in line.candidates]
 
     # -- kazoo callbacks: state and wake-ups only ---------------------------
 
     def _on_connection_state(self, state: str) -> None:
-        self._connection_generation += 1
-        if state != KazooState.CONNECTED:
-            self._drop_leadership()
-        self._wake.set()
+        # Any change voids a decision in flight: one made before SUSPENDED, or
+        # under the connection before a reconnect, is re-checked first.
+        self._invalidate()
 
     def _on_watch(self, event: WatchedEvent) -> None:
-        if event.type == EventType.DELETED and event.path == self._candidate:
-            self._drop_leadership()
+        mine = self._mine
+        if event.type == EventType.DELETED and mine is not None and event.path == mine.fence.candidate:
+            self._invalidate()
         self._wake.set()
 
     # -- worker ------------------------------------------------------------
 
+    def _invalidate(self) -> None:
+        """Void every decision made or in flight, and wake the worker (any thread; never blocks)."""
+        with self._lock:
+            self._token += 1
+            self._leadership = None
+            self._leader_event.clear()
+        self._wake.set()
+
     def _drop_leadership(self) -> None:
-        self._leader = False
-        self._leader_event.clear()
+        with self._lock:
+            self._leadership = None
+            self._leader_event.clear()
+
+    def _decide_leader(self, token: int, fence: Fence) -> bool:
+        """Record leadership decided under ``token``; False if an event voided it meanwhile."""
+        with self._lock:
+            if token != self._token:
+                return False
+            self._leadership = (token, fence)
+            self._leader_event.set()
+            return True
 
     def _run(self) -> None:
         failures = 0
@@ -292,57 +376,101 @@ class LeaderElection:
 
     def _reconcile(self) -> None:
         client = self.client
-        generation = self._connection_generation
+        token = self._token  # before any read: what happens after it voids this pass
         if client.state != KazooState.CONNECTED:
             self._drop_leadership()
             return
         session_id = client.client_id[0] if client.client_id else None
-        if self._candidate and self._candidate_session != session_id:
+        mine = self._mine
+        if mine is not None and mine.session != session_id:
             # A new session means the old ephemeral candidate is gone.
-            self._candidate = None
-        if self._step_down_requested:
-            self._step_down_requested = False
-            if self._candidate:
-                logger.info("zkbeat: stepping down; rejoining the election at the back")
-                try:
-                    client.delete(self._candidate)
-                except NoNodeError:
-                    pass
-                self._candidate = None
-        if self._candidate is None:
+            self._mine = mine = None
+        self._step_down(mine)
+        if self._mine is None:
             self._join(session_id)
-
-        ours = self._candidate.rsplit("/", 1)[1]
-        line = sorted_candidates(client.get_children(self.path))
-        position = line.index(ours) if ours in line else -1
-        # The leader watches its own node, so a step-down from outside is seen
-        # at once; a follower watches only its predecessor (one watch each).
-        stat = client.exists(self._candidate, watch=self._on_watch if position == 0 else None)
-        if position < 0 or stat is None or stat.ephemeralOwner != session_id:
+        mine = self._mine
+        assert mine is not None
+        ours = mine.fence.candidate
+        line = self._reader.read()
+        position = line.find(ours.rsplit("/", 1)[1])
+        if position is None or line.candidates[position].owner != session_id:
             # Deleted from outside, or not ours (Curator's ownership check).
-            logger.info("zkbeat: candidate %s is gone; joining again at the back", self._candidate)
-            self._candidate = None
-            self._drop_leadership()
-            self._wake.set()
+            self._rejoin(ours)
             return
         if position == 0:
-            if self._announced != self._candidate:
-                # Say since when this candidate leads (for status tools) in the
-                # election node's own data, which nobody watches: written into
-                # the candidate it would fire the successor's watch and wake a
-                # follower for nothing. Asynchronous, so the leader does not wait.
-                self._announced = self._candidate
-                since = datetime.now(timezone.utc).isoformat()
-                announcement = {"leader": ours, "leader_since": since}
-                client.set_async(self.path, json.dumps(announcement, sort_keys=True).encode())
-            self._leader_generation = generation
-            self._leader = True
-            self._leader_event.set()
+            # The leader watches its own node, so a step-down from outside is
+            # seen at once; a follower watches only its predecessor.
+            if not self._watch(ours):
+                self._rejoin(ours)
+                return
+            self._announce(mine.fence)
+            if not self._decide_leader(token, mine.fence):
+                self._wake.set()  # voided meanwhile: look again
             return
         self._drop_leadership()
-        predecessor = f"{self.path}/{line[position - 1]}"
-        if client.exists(predecessor, watch=self._on_watch) is None:
+        if not self._watch(line.candidates[position - 1].path):
             self._wake.set()  # it went between the two reads: look again
+
+    def _step_down(self, mine: _Mine | None) -> None:
+        """Carry out requested step-downs: delete our candidate, confirmed.
+
+        The request stays pending until ZooKeeper confirms the delete (NoNode
+        counts: it is gone) or the session is gone (``mine`` is None: the
+        node went with it). A ConnectionLoss propagates with it still pending.
+        """
+        requested = self._step_downs_requested
+        if requested == self._step_downs_done:
+            return
+        if mine is not None:
+            logger.info("zkbeat: stepping down; rejoining the election at the back")
+            try:
+                self.client.delete(mine.fence.candidate)
+            except NoNodeError:
+                pass
+            self._mine = None
+        self._step_downs_done = requested
+
+    def _watch(self, path: str) -> bool:
+        """Set a data watch on ``path``; False if it is gone (or no longer ephemeral).
+
+        A get, not an exists: an exists watch on a node that vanished between
+        the listing and the watch would stay on the server until the session
+        ends; a get on a missing node answers NoNode and leaves nothing.
+        """
+        try:
+            _, stat = self.client.get(path, watch=self._on_watch)
+        except NoNodeError:
+            return False
+        return bool(stat.ephemeralOwner)
+
+    def _rejoin(self, candidate: str) -> None:
+        logger.info("zkbeat: candidate %s is gone; joining again at the back", candidate)
+        self._mine = None
+        self._drop_leadership()
+        self._wake.set()
+
+    def _announce(self, fence: Fence) -> None:
+        """Say since when this candidate leads (for status tools) in the election node's data.
+
+        Nobody watches that node: written into the candidate it would fire the
+        successor's watch and wake a follower for nothing. Asynchronous, so
+        the leader does not wait. ``zkbeat health`` counts a head as leading
+        only once it has announced, so a write that fails is made again on
+        the next pass (the reconnect's, after a ConnectionLoss).
+        """
+        if self._announced == fence.candidate:
+            return
+        self._announced = fence.candidate
+        since = datetime.now(timezone.utc).isoformat()
+        announcement = {"leader": fence.candidate.rsplit("/", 1)[1], "leader_since": since}
+        request = self.client.set_async(self.path, json.dumps(announcement, sort_keys=True).encode())
+        request.rawlink(lambda result: self._on_announced(fence, result))
+
+    def _on_announced(self, fence: Fence, result: Any) -> None:
+        # kazoo's thread: state only. No wake-up, so a write ZooKeeper keeps
+        # refusing (an ACL) is retried once per pass, never in a loop.
+        if result.exception is not None and self._announced == fence.candidate:
+            self._announced = None
 
     def _join(self, session_id: int | None) -> None:
         """Adopt our candidate from a lost create() reply, or create one.
@@ -353,22 +481,16 @@ class LeaderElection:
         """
         client = self.client
         client.ensure_path(self.path)
-        mine = []
-        for child in sorted_candidates(client.get_children(self.path)):
-            if self._guid in child:
-                stat = client.exists(f"{self.path}/{child}")
-                if stat is not None and stat.ephemeralOwner == session_id:
-                    mine.append(child)
+        line = self._reader.read()
+        mine = [c for c in line.candidates if c.guid == self._guid and c.owner == session_id]
         if mine:
             for extra in mine[1:]:
-                client.delete(f"{self.path}/{extra}")
-            self._candidate = f"{self.path}/{mine[0]}"
+                client.delete(extra.path)
+            path = mine[0].path
         else:
-            self._candidate = client.create(
-                f"{self.path}/{_PREFIX}{self._guid}-", self._data, ephemeral=True, sequence=True
-            )
-        self._candidate_session = session_id
-        logger.debug("zkbeat: candidate %s", self._candidate)
+            path = client.create(f"{self.path}/{_PREFIX}{self._guid}-", self._data, ephemeral=True, sequence=True)
+        self._mine = _Mine(Fence(candidate_sequence(path.rsplit("/", 1)[1]), path), session_id)
+        logger.debug("zkbeat: candidate %s", path)
 
     def _notify(self) -> None:
         leading = self.is_leader if self._state != CLOSED else False

@@ -35,6 +35,7 @@ from kazoo.exceptions import (
 
 from ._multiread import read_many
 from .exceptions import ClaimConflictError, FencedError
+from .layout import LAYOUT_DIR
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -51,7 +52,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LAYOUT_VERSION = "v1"
+#: The layout directory every path lives under (zkbeat.layout is the one source).
+LAYOUT_VERSION = LAYOUT_DIR
 #: Version to pass for an entry that has no znode yet (create, not set).
 ABSENT = -1
 #: ZooKeeper rejects requests above jute.maxbuffer (1 MiB by default); stay

@@ -33,20 +33,19 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
-from .election import sorted_candidates
+from .candidates import CandidateReader
+from .layout import LAYOUT
 
 __all__ = ["LAYOUT", "PeerCheck", "schedule_hash", "layout_of"]
 
 logger = logging.getLogger(__name__)
 
-#: This release's layout number: everything lives under ``<root>/v1``.
-LAYOUT = 1
-_LAYOUT_DIR = re.compile(r"^v(\d+)$")
+_LAYOUT_CHILD = re.compile(r"^v(\d+)$")
 
 
 def layout_of(child: str) -> int | None:
     """The layout number of a root child named ``v<N>``, else None."""
-    match = _LAYOUT_DIR.match(child)
+    match = _LAYOUT_CHILD.match(child)
     return int(match.group(1)) if match else None
 
 
@@ -93,6 +92,7 @@ class PeerCheck:
         self._changed.set()
         self._refusal: str | None = None
         self._reported: set[str] = set()
+        self._reader = CandidateReader(client, election_path, timeout=timeout)
 
     def check(self, force: bool = False) -> str | None:
         """Why this replica must not lead (a newer layout is here), or None.
@@ -124,29 +124,16 @@ class PeerCheck:
         )
 
     def _newer_candidate(self) -> str | None:
-        try:
-            children = sorted_candidates(self.client.get_children(self.election_path, watch=self._on_change))
-        except NoNodeError:
-            return None
-        reads = [(c, self.client.get_async(f"{self.election_path}/{c}")) for c in children]
         refusal = None
-        for child, request in reads:
-            try:
-                raw, _ = request.get(timeout=self.timeout)
-                data = json.loads(raw.decode() or "{}")
-            except NoNodeError:
-                continue
-            except ValueError:
-                continue  # the election itself logs unreadable candidates
-            if not isinstance(data, dict):
-                continue
+        for node in self._reader.read(watch=self._on_change).candidates:
+            data = node.data
             layout = data.get("layout")
             if refusal is None and isinstance(layout, int) and not isinstance(layout, bool) and layout > LAYOUT:
                 refusal = (
-                    f"candidate {child} ({data.get('identity', '?')}) runs a newer zkbeat layout (v{layout}) "
+                    f"candidate {node.name} ({data.get('identity', '?')}) runs a newer zkbeat layout (v{layout}) "
                     f"than this release (v{LAYOUT}); it leads once the older replicas step aside"
                 )
-            self._report_schedule(child, data)
+            self._report_schedule(node.name, data)
         return refusal
 
     def _report_schedule(self, child: str, data: dict[str, Any]) -> None:

@@ -34,12 +34,12 @@ from . import __version__
 from ._zookeeper import make_client
 from .clock import measure_skew
 from .conf import Settings, read_settings
-from .election import LeaderElection
+from .election import Fence, LeaderElection
 from .exceptions import FencedError
 from .ledger import LAYOUT_VERSION, EntryState, Ledger
 from .metrics import Metrics
 from .peers import LAYOUT, PeerCheck, schedule_hash
-from .term import RETRY_DELAY, Due, Fence, PendingClaim, Requeue, Term
+from .term import RETRY_DELAY, Due, PendingClaim, Requeue, Term
 from .ticks import task_id_for, tick_slot
 
 __all__ = ["LeaderScheduleMixin", "Scheduler", "task_id_for", "tick_slot"]
@@ -147,8 +147,7 @@ class LeaderScheduleMixin:
             self.term is not None
             and not self._closed
             and election is not None
-            and election.is_leader
-            and Fence.of(election.candidate) == self.term.fence
+            and election.leadership == self.term.fence
         )
 
     @property
@@ -260,7 +259,7 @@ class LeaderScheduleMixin:
         election = self.election
         if election is None or self._closed:
             return self.max_interval
-        fence = Fence.of(election.candidate) if election.is_leader else None
+        fence = election.leadership  # one read: whether we lead, and under which candidate
         if fence is None:
             if self.term is not None:
                 self._end_term("lost leadership")

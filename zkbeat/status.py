@@ -15,10 +15,11 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from .election import candidate_sequence, sorted_candidates
-from .ledger import LAYOUT_VERSION, Ledger
+from .candidates import CandidateReader
+from .layout import LAYOUT_DIR
+from .ledger import Ledger
 
-__all__ = ["Candidate", "EntryStatus", "ClusterStatus", "NotAZkbeatRoot", "read_status"]
+__all__ = ["Candidate", "EntryStatus", "ClusterStatus", "NotAZkbeatRoot", "read_status", "read_election"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +56,21 @@ class EntryStatus:
 class ClusterStatus:
     root: str
     hosts: str
+    #: Real candidates only, in election order (strangers are never ranked).
     candidates: list[Candidate] = field(default_factory=list)
     entries: list[EntryStatus] = field(default_factory=list)
+    #: Children of the election that are not candidates: "<znode>: <why>".
+    strangers: list[str] = field(default_factory=list)
 
     @property
     def leader(self) -> Candidate | None:
+        """The head of the election: the lowest real candidate (it leads, or is about to)."""
         return self.candidates[0] if self.candidates else None
+
+    @property
+    def leader_announced(self) -> bool:
+        """Whether the head has said it leads (the election node names it)."""
+        return self.leader is not None and self.leader.leader_since is not None
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -74,17 +84,17 @@ def read_status(client: KazooClient, root: str, hosts: str, schedule: dict[str, 
     ``schedule`` maps entry names to Celery ``ScheduleEntry`` objects (from
     the app's ``beat_schedule``); without it next due times are unknown.
     """
-    base = f"{root.rstrip('/')}/{LAYOUT_VERSION}"
+    base = f"{root.rstrip('/')}/{LAYOUT_DIR}"
     if client.exists(base) is None:
         if client.exists(root) is None:
             raise NotAZkbeatRoot(f"{root} does not exist on {hosts}")
         children = client.get_children(root)
         raise NotAZkbeatRoot(
-            f"{root} is not a zkbeat root this release can read (no {LAYOUT_VERSION}/; children: "
+            f"{root} is not a zkbeat root this release can read (no {LAYOUT_DIR}/; children: "
             f"{', '.join(sorted(children)[:10]) or 'none'})"
         )
     status = ClusterStatus(root=root, hosts=hosts)
-    status.candidates = _candidates(client, f"{base}/election")
+    status.candidates, status.strangers = read_election(client, f"{base}/election")
     records = Ledger(client, root).load()
     now = datetime.now(timezone.utc)
     for name in sorted(set(records) | set(schedule or {})):
@@ -105,38 +115,23 @@ def read_status(client: KazooClient, root: str, hosts: str, schedule: dict[str, 
     return status
 
 
-def _candidates(client: KazooClient, path: str) -> list[Candidate]:
-    try:
-        children = sorted_candidates(client.get_children(path))
-    except NoNodeError:
-        return []
-    requests = [(child, client.get_async(f"{path}/{child}")) for child in children]
+def read_election(client: KazooClient, path: str) -> tuple[list[Candidate], list[str]]:
+    """The real candidates in election order, and the strangers ("<znode>: <why>")."""
+    line = CandidateReader(client, path).read()
     announced = _announcement(client, path)
     found = []
-    for child, request in requests:
-        try:
-            raw, _ = request.get()
-        except NoNodeError:
-            continue  # left between the two reads
-        candidate = Candidate(epoch=candidate_sequence(child), znode=f"{path}/{child}")
-        try:
-            info = json.loads(raw.decode("utf-8"))
-            if not isinstance(info, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            logger.warning("zkbeat: candidate %s/%s holds data zkbeat cannot read", path, child)
-            candidate.readable = False
-            found.append(candidate)
-            continue
+    for node in line.candidates:
+        candidate = Candidate(epoch=node.sequence, znode=node.path, readable=node.readable)
+        info = node.data
         for key in ("identity", "host", "started_at", "version", "leader_since"):
             value = info.get(key)
             setattr(candidate, key, str(value) if value is not None else None)
         pid = info.get("pid")
         candidate.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-        if announced.get("leader") == child and announced.get("leader_since") is not None:
+        if announced.get("leader") == node.name and announced.get("leader_since") is not None:
             candidate.leader_since = str(announced["leader_since"])
         found.append(candidate)
-    return found
+    return found, [f"{s.path}: {s.reason}" for s in line.strangers]
 
 
 def _announcement(client: KazooClient, path: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from celery.utils.time import maybe_make_aware
 from ._signals import hold_shutdown_signals
 from .broker import forget as forget_broker
 from .broker import is_broker_error, wait_for_broker
-from .election import candidate_sequence
+from .election import Fence
 from .exceptions import ClaimConflictError, FencedError
 from .ledger import ABSENT, Claim, EntryState, LedgerRecord
 from .ticks import grace_time, message_options, tick_slot
@@ -60,21 +60,6 @@ RETRY_DELAY = 1.0
 #: Longest a leader waits inside kombu's retry policy for the broker per pass
 #: (bounded by beat's max interval), so beat's loop still turns while it is down.
 BROKER_WAIT = 5.0
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The candidate znode every claim of a term is checked against, and its epoch."""
-
-    epoch: int
-    path: str
-
-    @classmethod
-    def of(cls, candidate: str | None) -> Fence | None:
-        """The fence of a candidate path read once (epoch and path from the same read)."""
-        if not candidate:
-            return None
-        return cls(candidate_sequence(candidate.rsplit("/", 1)[1]), candidate)
 
 
 @dataclass(frozen=True)
@@ -320,7 +305,7 @@ class Term:
         scheduler = self.scheduler
         metrics = scheduler.metrics
         try:
-            result = scheduler.ledger.claim([tick.claim for tick in ticks], self.fence.path)
+            result = scheduler.ledger.claim([tick.claim for tick in ticks], self.fence.candidate)
         except Exception:
             # The commit may or may not have landed; remember what we wrote
             # so that the next term can tell whether it did.
@@ -449,7 +434,7 @@ class Term:
         the claim pending, and a later term publishes or withdraws it.
         """
         try:
-            result = self.scheduler.ledger.claim([Claim(name, previous, version)], self.fence.path)
+            result = self.scheduler.ledger.claim([Claim(name, previous, version)], self.fence.candidate)
             error: Exception | None = result.error
         except Exception as exc:  # noqa: BLE001 - reported below; the pass goes on
             error = exc
