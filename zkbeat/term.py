@@ -267,13 +267,11 @@ class Term:
     def run(self, dues: list[Due]) -> list[Requeue]:
         """Claim the due entries in one fenced transaction, publish what committed.
 
-        Returns what goes back on beat's heap. ZooKeeper errors propagate
-        (after the affected claims were recorded as pending); broker errors
-        do not.
+        The caller settles pending claims first. Returns what goes back on
+        beat's heap. ZooKeeper errors propagate (after the affected claims
+        were recorded as pending); broker errors do not.
         """
         requeue: list[Requeue] = []
-        if self.pending:
-            self.settle()
         waiting = []
         for due in dues:
             if due.entry.name in self.pending:
