@@ -14,8 +14,9 @@ from datetime import timedelta
 
 import pytest
 
-from tests import test_django
+from tests import test_django, test_django_failover
 from tests.djangosupport import interval_task
+from tests.helpers import wait_for
 from tests.test_django import Published, lead, pump, row
 
 # The in-process fixtures of tests/test_django.py.
@@ -171,9 +172,8 @@ def _in_an_hour():
 
 
 def _clocked():
-    from django_celery_beat.models import ClockedSchedule
-
     from django.utils import timezone
+    from django_celery_beat.models import ClockedSchedule
 
     return ClockedSchedule.objects.create(clocked_time=timezone.now() - timedelta(seconds=1))  # due now
 
@@ -246,3 +246,36 @@ def settings_tz_naive():
 
     with override_settings(DJANGO_CELERY_BEAT_TZ_AWARE=False):
         yield
+
+
+# -- real celery beat processes ------------------------------------------------
+
+make_cluster = test_django_failover.make_cluster
+
+
+@pytest.mark.processes
+def test_three_beat_replicas_run_on_past_crontabs_with_an_unknown_time_zone(make_cluster) -> None:
+    """Three `celery beat` replicas, crontab rows with unknown zones: the good task runs, one leader throughout."""
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask, PeriodicTasks
+
+    interval_task("good", 1)
+    every_minute = CrontabSchedule.objects.create(minute="*")
+    PeriodicTask.objects.create(name="on-mars", task="jobs.cleanup_messages", crontab=every_minute)
+    unused = CrontabSchedule.objects.create(minute="0", hour="4")
+    for crontab in (every_minute, unused):
+        write_around_the_admin("crontabschedule", crontab.pk, timezone=UNKNOWN_ZONE)
+    cluster = make_cluster(3).start()
+    wait_for(lambda: len(cluster.publishes("good")) >= 4, timeout=60, message=cluster.logs)
+    PeriodicTasks.update_changed()  # an admin edit: the leader syncs and reads every row again
+    start = len(cluster.publishes("good"))
+    wait_for(lambda: len(cluster.publishes("good")) >= start + 4, timeout=30, message=cluster.logs)
+
+    logs = [replica.log() for replica in cluster.replicas]
+    assert sum(log.count("zkbeat: became leader") for log in logs) == 1, cluster.logs()
+    assert not any("unexpected error" in log for log in logs), cluster.logs()
+    assert cluster.publishes("on-mars") == []
+    assert len({p.pid for p in cluster.publishes("good")}) == 1
+    naming = [line for log in logs for line in log.splitlines() if "'on-mars'" in line]
+    assert len(naming) == 1 and UNKNOWN_ZONE in naming[0], cluster.logs()
+    unused_lines = [line for log in logs for line in log.splitlines() if f"#{unused.pk} " in line]
+    assert len(unused_lines) == 1, cluster.logs()
