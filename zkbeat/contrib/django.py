@@ -25,6 +25,11 @@ habits would hurt with N replicas, and this module changes exactly those:
   would still count a run (and so disable a one-off). Here each successor
   gets its own copy of the row.
 
+Rows written around the admin (raw SQL, ``QuerySet.update``) can hold what
+django-celery-beat cannot load or save: an unknown time zone, arguments that
+are not JSON, two schedule types. Each is logged once and left out, and the
+other tasks run (zkbeat.contrib._rows says how each is found).
+
 Only the leader writes the rows, and only what django-celery-beat itself
 would write; those writes are not fenced by ZooKeeper (the publishes are), so
 the ledger, never the database, is what decides whether a tick ran.
@@ -100,17 +105,6 @@ class ModelEntry(schedulers.ModelEntry):
         model.total_run_count += 1
         model.no_changes = True
         return self.__class__(model, app=self.app)
-
-    def _disable(self, model: PeriodicTask) -> None:
-        # django-celery-beat disables a row whose schedule was deleted, or
-        # that expired, with a full save(); a row that save() refuses still
-        # gets the flag (and nothing else), as save() would have written it.
-        try:
-            super()._disable(model)
-        except ValidationError as exc:
-            model.last_run_at = None  # what save() does to a disabled row
-            _rows.write_fields(model, ("enabled", "last_run_at"))
-            logger.error("zkbeat: periodic task %r disabled without its checks: %s", model.name, _rows.reason(exc))
 
     def __copy__(self) -> ModelEntry:
         # ScheduleEntry's __reduce__ rebuilds from its own constructor's
@@ -262,7 +256,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                     raise
             finally:
                 self._crontab_zones = None
-        self._leave_out_tasks_on_unloadable_crontabs()
+        self._report_unloadable_crontabs()
         loaded = {}
         for model in models:
             why = _rows.unfit(model)
@@ -294,7 +288,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         self._complaints.end_read()
         return loaded
 
-    def _leave_out_tasks_on_unloadable_crontabs(self) -> None:
+    def _report_unloadable_crontabs(self) -> None:
         """Name the enabled tasks on crontab rows that cannot load (and those rows no task uses)."""
         unloadable = self._unloadable_crontabs
         if not unloadable:
