@@ -25,6 +25,11 @@ habits would hurt with N replicas, and this module changes exactly those:
   would still count a run (and so disable a one-off). Here each successor
   gets its own copy of the row.
 
+Rows written around the admin (raw SQL, ``QuerySet.update``) can hold what
+django-celery-beat cannot load or save: an unknown time zone, arguments that
+are not JSON, two schedule types. Each is logged once and left out, and the
+other tasks run (zkbeat.contrib._rows says how each is found).
+
 Only the leader writes the rows, and only what django-celery-beat itself
 would write; those writes are not fenced by ZooKeeper (the publishes are), so
 the ledger, never the database, is what decides whether a tick ran.
@@ -40,6 +45,7 @@ from typing import Any
 
 from celery import beat
 from celery.utils.time import maybe_make_aware
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
 from django_celery_beat import schedulers
@@ -47,6 +53,7 @@ from django_celery_beat.models import PeriodicTask
 
 from ..ledger import EntryState
 from ..scheduler import LeaderScheduleMixin
+from . import _rows
 
 __all__ = ["DatabaseScheduler", "ModelEntry"]
 
@@ -55,6 +62,8 @@ logger = logging.getLogger(__name__)
 #: Seconds between full re-reads of the schedule even without a change
 #: (django-celery-beat's own rule: its crontab pre-filter depends on the hour).
 FULL_RELOAD_INTERVAL = schedulers.SCHEDULE_SYNC_MAX_INTERVAL
+#: Reads of the schedule per reload when crontab rows keep turning bad under it.
+READ_ATTEMPTS = 3
 
 
 class ModelEntry(schedulers.ModelEntry):
@@ -132,6 +141,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         self._host_set_up = False  # beat_schedule upserted (once, while leading)
         self._reload_wanted = True
         self._reloaded_at = 0.0
+        self._complaints = _rows.Complaints(logger)  # bad rows, each logged once
+        self._crontab_zones: set[str] | None = None  # of the read in progress
+        self._unloadable_crontabs: dict[int, str] = {}
         super().__init__(*args, **kwargs)
 
     @property
@@ -213,21 +225,94 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         self.schedule_replaced()
 
     def all_as_schedule(self) -> dict[str, ModelEntry]:
-        """Every enabled task; a row that cannot become an entry is logged and left out.
+        """Every enabled task; a row that cannot become an entry is logged (once) and left out.
 
         django-celery-beat skips only rows that raise ValueError; anything else
-        (a period that is not a timedelta unit, solar without ``ephem``) would
-        end every reload, and with it the schedule of every other task.
+        (a period that is not a timedelta unit, solar without ``ephem``, a
+        crontab whose time zone is unknown) would end every reload, and with
+        it the schedule of every other task. Rows are checked first
+        (zkbeat.contrib._rows), so that a bad one fails neither the query
+        nor, later, a sync.
         """
-        loaded = {}
-        for model in self.enabled_models():
+        self._complaints.begin_read()
+        for attempt in range(READ_ATTEMPTS):
+            self._crontab_zones, self._unloadable_crontabs = _rows.crontab_zones()
             try:
-                loaded[model.name] = self.Entry(model, app=self.app)
+                models = self.enabled_models()
+                break
+            except ValidationError:
+                # A crontab row turned bad between the check and the read:
+                # checked again, it is left out.
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+            finally:
+                self._crontab_zones = None
+        self._report_unloadable_crontabs()
+        loaded = {}
+        for model in models:
+            why = _rows.unfit(model)
+            if why is not None:
+                self._complaints.say(model.name, why, "zkbeat: leaving out periodic task %r: %s", model.name, why)
+                continue
+            try:
+                entry = self.Entry(model, app=self.app)
             except DatabaseError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
-                logger.error("zkbeat: leaving out periodic task %r: it cannot be scheduled: %r", model.name, exc)
+                why = _rows.reason(exc)
+                self._complaints.say(
+                    model.name, why, "zkbeat: leaving out periodic task %r: it cannot be scheduled: %r", model.name, exc
+                )
+                continue
+            loaded[model.name] = entry
+            if model.task not in self.app.tasks:
+                why = f"unregistered {model.task}"
+                self._complaints.say(
+                    model.name,
+                    why,
+                    "zkbeat: periodic task %r runs task %r, which this app has not registered; "
+                    "it is sent by name, as celery beat does",
+                    model.name,
+                    model.task,
+                    level=logging.WARNING,
+                )
+        self._complaints.end_read()
         return loaded
+
+    def _report_unloadable_crontabs(self) -> None:
+        """Name the enabled tasks on crontab rows that cannot load (and those rows no task uses)."""
+        unloadable = self._unloadable_crontabs
+        if not unloadable:
+            return
+        used = set()
+        on_them = self.Model.objects.filter(enabled=True, crontab_id__in=list(unloadable))
+        for name, pk in on_them.values_list("name", "crontab_id"):
+            used.add(pk)
+            why = unloadable[pk]
+            self._complaints.say(
+                name, why, "zkbeat: leaving out periodic task %r: its crontab schedule #%s has a time zone "
+                "that cannot be loaded: %s", name, pk, why,
+            )  # fmt: skip
+        for pk in sorted(set(unloadable) - used):
+            why = unloadable[pk]
+            self._complaints.say(
+                f"crontab #{pk}", why, "zkbeat: crontab schedule #%s has a time zone that cannot be loaded: %s "
+                "(no enabled task uses it)", pk, why, level=logging.WARNING,
+            )  # fmt: skip
+
+    def enabled_models_qs(self) -> Any:
+        """django-celery-beat's query, without tasks on crontab rows that cannot load."""
+        query = super().enabled_models_qs()
+        if self._unloadable_crontabs:
+            query = query.exclude(crontab_id__in=list(self._unloadable_crontabs))
+        return query
+
+    def _get_unique_timezone_names(self) -> Any:
+        # django-celery-beat reads these through the time-zone field, which
+        # raises on a single unknown zone, used or not: only known ones here.
+        if self._crontab_zones is not None:
+            return sorted(self._crontab_zones)
+        return sorted(_rows.crontab_zones()[0])
 
     def should_sync(self) -> bool:
         # Celery asks inside apply_async, in the middle of a batch whose
@@ -238,6 +323,41 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         return False
 
     def sync(self) -> None:
-        """Write run times to the rows, only while leading (also at exit)."""
-        if self.leading:
-            super().sync()
+        """Write run times to the rows, only while leading (also at exit), one row at a time.
+
+        A row that its own ``save()`` now refuses (changed around the admin
+        since it was read) gets its run times written alone, is logged once
+        and is left out from the next read on; the other rows are saved.
+        """
+        if not self.leading:
+            return
+        close_old_connections()
+        for name in sorted(self._dirty):
+            entry = (self._schedule or {}).get(name)
+            try:
+                if entry is not None:
+                    entry.save()
+            except ObjectDoesNotExist:
+                pass  # deleted in the admin since: the next read drops it
+            except DatabaseError as exc:
+                logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - one bad row must not cost the others their run times
+                if not self._save_refused(entry, exc):
+                    return
+            self._dirty.discard(name)
+
+    def _save_refused(self, entry: ModelEntry, exc: Exception) -> bool:
+        """Write the run times django-celery-beat's save() refused to, alone; False if the database failed."""
+        why = _rows.reason(exc)
+        self._complaints.say(
+            entry.name, why, "zkbeat: leaving out periodic task %r: its row cannot be saved (%s); "
+            "writing its run times alone", entry.name, why,
+        )  # fmt: skip
+        self._reload_wanted = True
+        try:
+            _rows.write_fields(entry.model, ("last_run_at", "total_run_count"))
+        except DatabaseError as exc:
+            logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
+            return False
+        return True
