@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from demo.cluster import BEAT_COMMAND, EXAMPLE_PROJECT, ROOT, WORKER_COMMAND, Child, Event, parse
 from demo.report import Handover, format_table, rows
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 WORKDIR = ROOT / ".demo"
 SESSION_TIMEOUT = 3.0

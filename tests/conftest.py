@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from tests.helpers import Published
-from tests.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.helpers import Published
+from tests.support.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 
 # PostgreSQL + Django fixtures of the DatabaseScheduler tests (Django loads only when used).
-pytest_plugins = ["tests.djangosupport"]
+pytest_plugins = ["tests.support.djangosupport"]
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,10 @@ from celery import Celery, schedules
 from celery.signals import after_task_publish
 from kazoo.client import KazooClient
 
-from tests.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
-from tests.helpers import wait_for
-from tests.processes import ROOT
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
+from tests.support.helpers import wait_for
+from tests.support.processes import ROOT
+from tests.support.servers import RedisServer, ZooKeeperServer
 from zkbeat.election import LeaderElection
 
 pytestmark = pytest.mark.usefixtures("beat_db")

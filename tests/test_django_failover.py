@@ -1,6 +1,6 @@
 """zkbeat.DatabaseScheduler as real ``celery beat`` processes of the example project.
 
-Replicas run ``celery -A tests.djangobeat beat --scheduler zkbeat.DatabaseScheduler``
+Replicas run ``celery -A tests.support.djangobeat beat --scheduler zkbeat.DatabaseScheduler``
 on one PostgreSQL database. The tests kill and stop them with real signals,
 then count what each published (recorded from ``after_task_publish``) and
 which process wrote django-celery-beat's task table (a trigger records each
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.djangosupport import (
+from tests.support.djangosupport import (
     DjangoCluster,
     interval_task,
     periodic_task,
     recorded_writes,
     replica_env,
 )
-from tests.helpers import wait_for
-from tests.processes import Publish, duplicates, gaps, too_close
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.helpers import wait_for
+from tests.support.processes import Publish, duplicates, gaps, too_close
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("beat_db")]
 

@@ -24,7 +24,7 @@ from celery import Celery
 from celery.schedules import crontab
 from celery.signals import after_task_publish
 
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.servers import RedisServer, ZooKeeperServer
 from zkbeat import Scheduler
 
 ZONE = ZoneInfo("America/New_York")

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.helpers import wait_for
-from tests.processes import Cluster, Publish, duplicates, gaps, too_close
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster, Publish, duplicates, gaps, too_close
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 

@@ -2,7 +2,7 @@
 
 A 3-node ensemble losing the member the leader talks to, losing its quorum,
 a leader cut off from ZooKeeper but not from the broker, and a broker
-outage. Every test ends with the same accounting (tests/accounting.py):
+outage. Every test ends with the same accounting (tests/support/accounting.py):
 nothing published twice, nothing lost but what the misfire policy skipped
 (each skip logged), and who led when.
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.accounting import Report, account, logged_skips
-from tests.faults import candidates, leader_session, ledger_slots, member_holding
-from tests.helpers import wait_for
-from tests.processes import Cluster, Publish
-from tests.proxy import TcpProxy
-from tests.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.accounting import Report, account, logged_skips
+from tests.support.faults import candidates, leader_session, ledger_slots, member_holding
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster, Publish
+from tests.support.proxy import TcpProxy
+from tests.support.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 

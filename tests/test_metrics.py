@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from celery import Celery
 
-from tests.helpers import wait_for
-from tests.servers import RedisServer, ZooKeeperServer, free_port
+from tests.support.helpers import wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer, free_port
 from zkbeat import ConfigurationError, Scheduler
 
 

@@ -12,8 +12,8 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 from kazoo.client import KazooClient
 
-from tests.helpers import Published, lead, wait_for
-from tests.servers import RedisServer, ZooKeeperServer, expire_session_quietly
+from tests.support.helpers import Published, lead, wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer, expire_session_quietly
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.election import LeaderElection
 from zkbeat.ledger import Claim, EntryState, Ledger
@@ -228,7 +228,7 @@ def test_close_hands_over_and_is_idempotent(make_scheduler, zk_client: KazooClie
 def test_unreachable_zookeeper_keeps_beat_alive_as_a_follower(make_scheduler, published: Published,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """With nothing listening at zkbeat_hosts, beat starts, logs where it connects, waits, and publishes nothing."""
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     hosts = f"127.0.0.1:{free_port()}"
     with caplog.at_level(logging.INFO, logger="zkbeat"):

@@ -27,8 +27,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
 
-from tests.helpers import Published, lead, wait_for
-from tests.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
+from tests.support.helpers import Published, lead, wait_for
+from tests.support.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.cli import main as zkbeat_command
 from zkbeat.ledger import EntryState, decode_name, encode_state

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.accounting import account
-from tests.faults import candidates
-from tests.helpers import wait_for
-from tests.processes import Cluster
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.accounting import account
+from tests.support.faults import candidates
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 

@@ -20,11 +20,11 @@ from celery import Celery
 from celery.signals import after_task_publish
 from kazoo.client import KazooClient
 
-from tests.accounting import account
-from tests.faults import candidates
-from tests.helpers import wait_for
-from tests.processes import Cluster
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.accounting import account
+from tests.support.faults import candidates
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster
+from tests.support.servers import RedisServer, ZooKeeperServer
 from zkbeat import LeaderElection, Scheduler
 from zkbeat import scheduler as scheduler_module
 from zkbeat.clock import measure_skew

@@ -17,9 +17,9 @@ import math
 import signal
 import time
 
-from tests.bench.cluster import BECAME_LEADER, FLAVOURS, ZKBEAT, Flavour, Run, wait_for
-from tests.bench.context import Bench, takeover_after, wait_settled, wait_started
-from tests.bench.stats import Row, Sample
+from bench.cluster import BECAME_LEADER, FLAVOURS, ZKBEAT, Flavour, Run, wait_for
+from bench.context import Bench, takeover_after, wait_settled, wait_started
+from bench.stats import Row, Sample
 
 #: Seconds a burst may take; celery beat's own tick is O(entries) per publish.
 CAP = 600.0

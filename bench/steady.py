@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import time
 
-from tests.bench import probes
-from tests.bench.cluster import FLAVOURS, ZKBEAT, Run, wait_for
-from tests.bench.context import Bench
-from tests.bench.crash import Floor
-from tests.bench.stats import Row, Sample
-from tests.bench.windows import run_windows
+from bench import probes
+from bench.cluster import FLAVOURS, ZKBEAT, Run, wait_for
+from bench.context import Bench
+from bench.crash import Floor
+from bench.stats import Row, Sample
+from bench.windows import run_windows
 from zkbeat.ledger import Ledger
 
 COUNT = 1000

@@ -4,7 +4,7 @@ The project under test is example_project/: the pytest process configures
 Django with its settings on a PostgreSQL database of its own (created here,
 dropped afterwards), so tests change the schedule through the ORM as the admin
 does, while beat replicas are real ``celery beat`` processes of the same
-project on the same database (``-A tests.djangobeat``).
+project on the same database (``-A tests.support.djangobeat``).
 
 PostgreSQL is a system service, not started here: ``ZKBEAT_TEST_POSTGRES``
 (default ``postgres://postgres@127.0.0.1:5432``). If it cannot be reached the
@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from tests.processes import ROOT, Publish, Replica
+from tests.support.processes import ROOT, Publish, Replica
 
 EXAMPLE_PROJECT = ROOT / "example_project"
 POSTGRES_URL = os.environ.get("ZKBEAT_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
@@ -198,12 +198,12 @@ def one_off_task(name: str, at: datetime | None = None, task: str = "jobs.expire
 
 
 class DjangoReplica(Replica):
-    """``celery beat`` of the example project with zkbeat.DatabaseScheduler (via tests.djangobeat)."""
+    """``celery beat`` of the example project with zkbeat.DatabaseScheduler (via tests.support.djangobeat)."""
 
     def start(self, extra_env: dict[str, str] | None = None) -> DjangoReplica:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.djangobeat", "beat",
+            [sys.executable, "-m", "celery", "-A", "tests.support.djangobeat", "beat",
              "--scheduler", "zkbeat.DatabaseScheduler", "--loglevel", "INFO"],
             cwd=ROOT,
             env={

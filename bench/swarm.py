@@ -15,10 +15,10 @@ from __future__ import annotations
 import signal
 import time
 
-from tests.bench.cluster import PLAIN, ZKBEAT, Run, wait_for
-from tests.bench.context import Bench, takeover_after
-from tests.bench.stats import Row, Sample
-from tests.bench.steady import zookeeper_requests
+from bench.cluster import PLAIN, ZKBEAT, Run, wait_for
+from bench.context import Bench, takeover_after
+from bench.stats import Row, Sample
+from bench.steady import zookeeper_requests
 
 JOINED = "zkbeat: joining the election"
 

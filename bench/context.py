@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 
-from tests.bench import probes
-from tests.bench.cluster import Beat, Flavour, Run, wait_for
-from tests.servers import RedisServer, ZooKeeperServer
+from bench import probes
+from bench.cluster import Beat, Flavour, Run, wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 
 @dataclass

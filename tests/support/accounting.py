@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tests.processes import Publish, too_close
+from tests.support.processes import Publish, too_close
 
 __all__ = ["Report", "Lease", "account", "logged_skips"]
 

@@ -1,6 +1,6 @@
 """Real ``celery beat`` replicas for the process tests, and the accounting.
 
-A replica is a separate ``celery -A tests.beatapp beat --scheduler
+A replica is a separate ``celery -A tests.support.beatapp beat --scheduler
 zkbeat.Scheduler`` process; tests send it real signals (SIGKILL, SIGTERM,
 SIGSTOP/SIGCONT) and read what every replica published from Redis.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -81,7 +81,7 @@ class Replica(LoggedProcess):
 
     def start(self, extra_env: dict[str, str] | None = None) -> Replica:
         self.spawn(
-            [sys.executable, "-m", "celery", "-A", "tests.beatapp", "beat", "--scheduler", "zkbeat.Scheduler",
+            [sys.executable, "-m", "celery", "-A", "tests.support.beatapp", "beat", "--scheduler", "zkbeat.Scheduler",
              "--loglevel", "INFO"],
             cwd=ROOT,
             env={**os.environ, **self._env, **(extra_env or {}), "PYTHONPATH": str(ROOT)},
