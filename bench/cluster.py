@@ -5,6 +5,11 @@ or redbeat key prefix, its own folder for logs, publish records and the
 PersistentScheduler's shelve file. Leadership is read from each process's
 own log (zkbeat's ``became leader`` line, redbeat's ``Acquired lock``), whose
 lines carry ``%(created).6f`` timestamps (see ``bench/app.py``).
+
+The scenarios wait with the tests' ``wait_for`` (``raise_on_timeout=False``:
+a trial that timed out is recorded, not fatal). Polling only decides when to
+look; every reported time comes from a timestamp a process wrote itself (a
+publish record or a log line).
 """
 
 from __future__ import annotations
@@ -189,19 +194,3 @@ class Run:
 
     def __exit__(self, *exc: object) -> None:
         self.close(keep=any(exc))
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.005, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; None after ``timeout``.
-
-    Polling only decides when to look; every reported time comes from a
-    timestamp a process wrote itself (a publish record or a log line).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(interval)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -21,41 +20,19 @@ from tests.support.djangosupport import (
     interval_task,
     periodic_task,
     recorded_writes,
-    replica_env,
 )
 from tests.support.helpers import wait_for
-from tests.support.processes import Publish, duplicates, gaps, too_close
-from tests.support.servers import RedisServer, ZooKeeperServer
+from tests.support.processes import SESSION, Publish, duplicates, gaps, too_close
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("beat_db")]
-
-SESSION = 2.0  # seconds; tickTime 500 ms: a dead replica's session ends ~2-2.5 s later
 
 MakeCluster = Callable[..., DjangoCluster]
 
 
 @pytest.fixture
-def make_cluster(
-    beat_db: str, zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path
-) -> Iterator[MakeCluster]:
-    made: list[DjangoCluster] = []
-    env = replica_env(
-        database_url=beat_db,
-        zk_hosts=zk_server.hosts,
-        broker=redis_server.url,
-        root=zk_root,
-        record_key=f"zkbeat-test:{zk_root}",
-        session_timeout=SESSION,
-    )
-
-    def make(n: int, extra_env: dict[str, str] | None = None) -> DjangoCluster:
-        cluster = DjangoCluster(n, env, tmp_path, extra_env)
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.stop()
+def beat_scheduler() -> str:
+    """make_cluster's replicas run zkbeat.DatabaseScheduler here."""
+    return "zkbeat.DatabaseScheduler"
 
 
 def published_by(cluster: DjangoCluster, pid: int, entry: str | None = None) -> list[Publish]:
@@ -116,7 +93,7 @@ def test_a_one_off_runs_once_although_its_leader_is_killed_right_after_publishin
 
     interval_task("canary", 1)
     name = "broadcast 1: launch"  # the one-off the first Broadcast schedules (jobs/models.py)
-    cluster = make_cluster(2, {"ZKBEAT_TEST_KILL_AFTER": name}).start()
+    cluster = make_cluster(2, extra_env={"ZKBEAT_TEST_KILL_AFTER": name}).start()
     wait_for(lambda: len(cluster.publishes("canary")) >= 3, timeout=40, message=cluster.logs)
     broadcast = Broadcast.objects.create(subject="launch", send_at=timezone.now())
     assert broadcast.task_name == name

@@ -11,45 +11,18 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from kazoo.client import KazooClient
 
 from tests.support.helpers import wait_for
-from tests.support.processes import Cluster, Publish, duplicates, gaps, too_close
-from tests.support.servers import RedisServer, ZooKeeperServer
+from tests.support.processes import ENTRIES, SESSION, Cluster, Publish, duplicates, gaps, too_close
+from tests.support.servers import ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 
-SESSION = 2.0  # seconds; with tickTime 500 ms the server sees a dead client after ~2-2.5 s
-ENTRIES = {"alpha": 1, "beta": 1, "gamma": 1}
-
 MakeCluster = Callable[..., Cluster]
-
-
-@pytest.fixture
-def make_cluster(redis_server: RedisServer, zk_root: str, tmp_path: Path) -> Iterator[MakeCluster]:
-    made: list[Cluster] = []
-
-    def make(n: int, zk: ZooKeeperServer, schedule: dict[str, float] = ENTRIES, **kwargs) -> Cluster:
-        cluster = Cluster(
-            n,
-            zk_hosts=zk.hosts,
-            broker=redis_server.url,
-            root=zk_root,
-            schedule=schedule,
-            log_dir=tmp_path,
-            session_timeout=kwargs.pop("session_timeout", SESSION),
-            **kwargs,
-        )
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.stop()
 
 
 def assert_each_tick_once(publishes: list[Publish], interval: float = 1.0, allowance: float | None = None) -> None:
@@ -71,9 +44,9 @@ def wait_for_new_leader(cluster: Cluster, old_pid: int, since: float, timeout: f
     return wait_for(new_publish, timeout=timeout, message=lambda: "no other replica published\n" + cluster.logs())
 
 
-def test_three_replicas_publish_each_tick_once(make_cluster: MakeCluster, zk_server: ZooKeeperServer) -> None:
+def test_three_replicas_publish_each_tick_once(make_cluster: MakeCluster) -> None:
     """Three replicas for 30 s: one publisher, every 1 s tick of every entry exactly once."""
-    cluster = make_cluster(3, zk_server).start()
+    cluster = make_cluster(3).start()
     wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())
     started = time.monotonic()
     wait_for(lambda: time.monotonic() - started > 30, timeout=40)
@@ -86,9 +59,9 @@ def test_three_replicas_publish_each_tick_once(make_cluster: MakeCluster, zk_ser
     assert len({p.task_id for p in rows}) == len(rows)
 
 
-def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_server: ZooKeeperServer) -> None:
+def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster) -> None:
     """kill -9 the leader three times: another takes over each time; nothing twice; missed ticks caught up once."""
-    cluster = make_cluster(3, zk_server).start()
+    cluster = make_cluster(3).start()
     first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
     leader_pid = first.pid
     for _ in range(3):
@@ -110,9 +83,9 @@ def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_server: Z
     assert epochs == sorted(epochs), "an older leader published after a newer one"
 
 
-def test_sigterm_hands_over_at_once(make_cluster: MakeCluster, zk_server: ZooKeeperServer) -> None:
+def test_sigterm_hands_over_at_once(make_cluster: MakeCluster) -> None:
     """SIGTERM: the leader exits cleanly and the next replica, woken by its watch, misses no 1 s tick."""
-    cluster = make_cluster(3, zk_server, extra_env={"ZKBEAT_TEST_MAX_INTERVAL": "5"}).start()
+    cluster = make_cluster(3, extra_env={"ZKBEAT_TEST_MAX_INTERVAL": "5"}).start()
     first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
     leader = next(r for r in cluster.replicas if r.pid == first.pid)
     wait_for(lambda: len(publishes_by(cluster, leader.pid)) >= 6, timeout=20)
@@ -128,10 +101,10 @@ def test_sigterm_hands_over_at_once(make_cluster: MakeCluster, zk_server: ZooKee
 
 
 def test_paused_zombie_leader_publishes_nothing_after_resuming(
-    make_cluster: MakeCluster, zk_server: ZooKeeperServer
+    make_cluster: MakeCluster,
 ) -> None:
     """SIGSTOP the leader past its session timeout, let another lead, SIGCONT: the zombie publishes nothing more."""
-    cluster = make_cluster(3, zk_server).start()
+    cluster = make_cluster(3).start()
     first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
     zombie = next(r for r in cluster.replicas if r.pid == first.pid)
     wait_for(lambda: len(publishes_by(cluster, zombie.pid)) >= 3, timeout=20)
@@ -149,10 +122,10 @@ def test_paused_zombie_leader_publishes_nothing_after_resuming(
 
 
 def test_sigterm_between_commit_and_publish_loses_no_tick(
-    make_cluster: MakeCluster, zk_server: ZooKeeperServer
+    make_cluster: MakeCluster,
 ) -> None:
     """A SIGTERM landing after the ledger commit is held until the message is sent, then honoured."""
-    cluster = make_cluster(0, zk_server, schedule={"alpha": 1})
+    cluster = make_cluster(0, schedule={"alpha": 1})
     doomed = cluster.add({"ZKBEAT_TEST_SIGTERM_ON_PUBLISH": "1"})
     wait_for(doomed.is_leader_by_log, timeout=20, message=doomed.log)
     heir = cluster.add()
@@ -169,7 +142,7 @@ def test_zookeeper_restart_under_a_running_leader(
     make_cluster: MakeCluster, zk_server_private: ZooKeeperServer
 ) -> None:
     """ZooKeeper stopped for longer than the session timeout: publishing stops, then resumes; nothing twice."""
-    cluster = make_cluster(2, zk_server_private).start()
+    cluster = make_cluster(2, hosts=zk_server_private.hosts).start()
     wait_for(lambda: len(cluster.publishes()) >= 6, timeout=20, message=lambda: cluster.logs())
     zk_server_private.stop()
     stopped_at = time.time()
@@ -187,10 +160,10 @@ def test_zookeeper_restart_under_a_running_leader(
 
 
 def test_garbage_in_a_ledger_znode_is_logged_and_survived(
-    make_cluster: MakeCluster, zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str
+    make_cluster: MakeCluster, zk_client: KazooClient, zk_root: str
 ) -> None:
     """Bad bytes written by hand into a ledger entry: the leader logs the path and keeps publishing."""
-    cluster = make_cluster(2, zk_server, schedule={"alpha": 1}).start()
+    cluster = make_cluster(2, schedule={"alpha": 1}).start()
     wait_for(lambda: len(cluster.publishes()) >= 2, timeout=20, message=lambda: cluster.logs())
     path = f"{zk_root}/v1/entries/alpha"
     zk_client.set(path, b"\x00not json{")

@@ -13,7 +13,6 @@ import json
 import signal
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -21,40 +20,13 @@ from kazoo.client import KazooClient
 from tests.support.accounting import Report, account, logged_skips
 from tests.support.faults import candidates, leader_session, ledger_slots, member_holding
 from tests.support.helpers import wait_for
-from tests.support.processes import Cluster, Publish
+from tests.support.processes import ENTRIES, Cluster, Publish
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 
-SESSION = 2.0
-ENTRIES = {"alpha": 1, "beta": 1, "gamma": 1}
-
 MakeCluster = Callable[..., Cluster]
-
-
-@pytest.fixture
-def make_cluster(redis_server: RedisServer, zk_root: str, tmp_path: Path) -> Iterator[MakeCluster]:
-    made: list[Cluster] = []
-
-    def make(n: int, hosts: str, schedule: dict[str, float] = ENTRIES, **kwargs) -> Cluster:
-        cluster = Cluster(
-            n,
-            zk_hosts=hosts,
-            broker=kwargs.pop("broker", redis_server.url),
-            record_url=redis_server.url,
-            root=zk_root,
-            schedule=schedule,
-            log_dir=tmp_path,
-            session_timeout=kwargs.pop("session_timeout", SESSION),
-            **kwargs,
-        )
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.stop()
 
 
 @pytest.fixture
@@ -114,7 +86,7 @@ def test_ensemble_member_of_the_leader_dies(
     make_cluster: MakeCluster, zk_ensemble: ZooKeeperEnsemble, ensemble_client: KazooClient
 ) -> None:
     """kill -9 of the ZooKeeper member the leader is connected to: its session moves, it keeps leading, no tick lost."""
-    cluster = make_cluster(3, zk_ensemble.hosts, session_timeout=6.0).start()
+    cluster = make_cluster(3, hosts=zk_ensemble.hosts, session_timeout=6.0).start()
     first = settle(cluster, 6, 0)[0]
     identity, session_id = wait_for(lambda: leader_session(ensemble_client, cluster.root))
     member = wait_for(lambda: member_holding(zk_ensemble, session_id), message="no member holds the leader's session")
@@ -137,7 +109,7 @@ def test_quorum_lost_and_back(
     """2 of 3 members down past the session timeout: nobody publishes; then one leader, caught up once or skipped."""
     cluster = make_cluster(
         3,
-        zk_ensemble.hosts,
+        hosts=zk_ensemble.hosts,
         extra_env={"ZKBEAT_TEST_ENTRY_OPTIONS": json.dumps({"gamma": {"zkbeat_misfire_grace_time": 2}})},
     ).start()
     settle(cluster, 6, 0)
@@ -168,7 +140,7 @@ def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
 ) -> None:
     """A partition between the leader and ZooKeeper: it stops, another takes over, and healed it rejoins as follower."""
     with TcpProxy(zk_server.port) as proxy:
-        cluster = make_cluster(0, zk_server.hosts)
+        cluster = make_cluster(0, hosts=zk_server.hosts)
         cut = cluster.add({"ZKBEAT_HOSTS": proxy.hosts})
         wait_for(cut.is_leader_by_log, timeout=20, message=cut.log)
         cluster.add()
@@ -207,7 +179,7 @@ def test_broker_outage_under_a_running_leader(
     with RedisServer() as broker:
         cluster = make_cluster(
             2,
-            zk_server.hosts,
+            hosts=zk_server.hosts,
             broker=broker.url,
             extra_env={
                 "ZKBEAT_TEST_ENTRY_OPTIONS": json.dumps(

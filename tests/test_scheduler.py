@@ -4,7 +4,6 @@ leader publishes, what it records, and what stops it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,42 +11,12 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 from kazoo.client import KazooClient
 
-from tests.support.helpers import Published, lead, wait_for
+from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.servers import RedisServer, ZooKeeperServer, expire_session_quietly
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.election import LeaderElection
 from zkbeat.ledger import Claim, EntryState, Ledger
 from zkbeat.scheduler import task_id_for, tick_slot
-
-
-@pytest.fixture
-def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str) -> Iterator:
-    made: list[Scheduler] = []
-
-    def make(entries: dict, hosts: str | None = None, **conf) -> Scheduler:
-        app = Celery("zkbeat-test", set_as_current=False)
-        app.conf.update(
-            broker_url=redis_server.url,
-            zkbeat_hosts=hosts or zk_server.hosts,
-            zkbeat_root=zk_root,
-            zkbeat_session_timeout=4,
-            zkbeat_identity=f"inproc-{len(made)}",
-            beat_max_loop_interval=0.5,
-            beat_schedule=entries,
-            **conf,
-        )
-        scheduler = Scheduler(app)
-        made.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in made:
-        scheduler.close()
-
-
-
-def every(seconds: float, **options) -> dict:
-    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), "options": options}
 
 
 def seed_ledger(zk_client: KazooClient, root: str, name: str, last_run_at: datetime, count: int = 7) -> None:
@@ -115,7 +84,7 @@ def test_misfire_grace_time_skips_and_logs(make_scheduler, published: Published,
     seed_ledger(zk_client, zk_root, "stale", long_ago)
     seed_ledger(zk_client, zk_root, "patient", long_ago)
     scheduler = make_scheduler(
-        {"stale": every(10), "patient": every(10, zkbeat_misfire_grace_time=1000)},
+        {"stale": every(10), "patient": every(10, options={"zkbeat_misfire_grace_time": 1000})},
         zkbeat_misfire_grace_time=5,
     )
     lead(scheduler)

@@ -17,7 +17,7 @@ import types
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
 
-from tests.support.helpers import Published, lead, wait_for
+from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.cli import main as zkbeat_command
@@ -54,34 +54,6 @@ def app_for(conf: dict) -> Celery:
     app = Celery("zkbeat-security", set_as_current=False)
     app.conf.update(conf)
     return app
-
-
-@pytest.fixture
-def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str,
-                   zk_client: KazooClient) -> Iterator:
-    """Build in-process Schedulers on the shared servers; closed after the test."""
-    made: list[Scheduler] = []
-    # The tests' common parent (/t) is everyone's: never let an ACL test be first to create it.
-    zk_client.ensure_path(zk_root.rsplit("/", 1)[0])
-
-    def make(entries: dict, **conf) -> Scheduler:
-        settings = {
-            "broker_url": redis_server.url,
-            "zkbeat_hosts": zk_server.hosts,
-            "zkbeat_root": zk_root,
-            "zkbeat_session_timeout": 4,
-            "zkbeat_identity": f"secure-{len(made)}",
-            "beat_max_loop_interval": 0.5,
-            "beat_schedule": entries,
-        }
-        settings.update(conf)
-        scheduler = Scheduler(app_for(settings))
-        made.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in made:
-        scheduler.close()
 
 
 def connect(hosts: str, auth: list[tuple[str, str]] | None = None) -> KazooClient:
@@ -111,10 +83,6 @@ def intruders(zk_server: ZooKeeperServer) -> Iterator[dict[str, KazooClient]]:
         client.stop()
         client.close()
 
-
-
-def every(seconds: float, **spec) -> dict:
-    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), **spec}
 
 
 def once(**spec) -> dict:

@@ -32,6 +32,7 @@ from kazoo.client import KazooClient
 
 from tests.support.accounting import Report, account, logged_skips
 from tests.support.faults import leader_session, ledger_slots, member_holding
+from tests.support.helpers import wait_for
 from tests.support.processes import Cluster, Replica
 from tests.support.servers import RedisServer, ZooKeeperEnsemble
 
@@ -114,7 +115,7 @@ def run(
         driver = _Driver(cluster, ensemble, broker, client, rng, say)
         try:
             cluster.start()
-            _wait(lambda: len(cluster.publishes()) >= entries, 60)
+            wait_for(lambda: len(cluster.publishes()) >= entries, 60, 0.1, message="chaos: nothing published")
             started = time.time()
             say(f"chaos: {replicas} replicas, {entries} entries at 1 s, logs in {log_dir}")
             deadline = time.monotonic() + duration
@@ -136,7 +137,7 @@ def run(
                         replica.wait(30)
                     except Exception:  # noqa: BLE001 - report it, never hang the soak
                         unexpected.append(f"{replica.identity} (did not stop on SIGTERM)")
-            _wait(lambda: client.connected, 30)
+            wait_for(lambda: client.connected, 30, 0.1, message="chaos: the accounting client is not connected")
             skips = logged_skips([r.log() for r in cluster.replicas])
             report = account(
                 cluster.publishes(),
@@ -232,14 +233,6 @@ class _Driver:
         time.sleep(down)
         self.broker.start()
         return f"Redis down {down:.1f}s"
-
-
-def _wait(predicate: Callable[[], object], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"chaos: not ready after {timeout}s")
-        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ identity, so a test can name every process that wrote.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from tests.support.processes import ROOT, Publish, Replica
+from tests.support.processes import ROOT, Publish, Replica, read_publishes
 
 EXAMPLE_PROJECT = ROOT / "example_project"
 POSTGRES_URL = os.environ.get("ZKBEAT_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
@@ -273,13 +272,7 @@ class DjangoCluster:
             replica.stop()
 
     def publishes(self, entry: str | None = None) -> list[Publish]:
-        rows = [json.loads(raw) for raw in self.redis.lrange(self.record_key, 0, -1)]
-        found = [
-            Publish(r["entry"], datetime.fromisoformat(r["slot"]), r["epoch"], r["pid"], r["identity"], r["at"],
-                    r["task_id"])
-            for r in rows
-        ]  # fmt: skip
-        return [p for p in found if entry is None or p.entry == entry]
+        return [p for p in read_publishes(self.redis, self.record_key) if entry is None or p.entry == entry]
 
     def replica(self, pid: int) -> DjangoReplica:
         return next(r for r in self.replicas if r.pid == pid)
