@@ -10,15 +10,14 @@ nothing published twice, nothing lost but what the misfire policy skipped
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.accounting import Report, account, logged_skips
-from tests.support.faults import candidates, leader_session, ledger_slots, member_holding
+from tests.support.accounting import accounting, assert_clean
+from tests.support.faults import candidates, leader_session, member_holding
 from tests.support.helpers import wait_for
 from tests.support.processes import ENTRIES, Cluster, Publish
 from tests.support.proxy import TcpProxy
@@ -49,39 +48,6 @@ def settle(cluster: Cluster, count: int, since: float, timeout: float = 30) -> l
     return wait_for(enough, timeout=timeout, message=lambda: cluster.logs())
 
 
-def accounting(cluster: Cluster, client: KazooClient | None = None, **kwargs) -> Report:
-    """Stop the replicas (SIGTERM), then count; printed (pytest shows it with -s or on failure).
-
-    A graceful stop first, so that the ledger is at rest when it is compared
-    with the record: a claim is published a moment after it commits.
-    """
-    for replica in cluster.replicas:
-        replica.signal(signal.SIGTERM)
-    for replica in cluster.replicas:
-        if replica.process is not None:
-            replica.wait(30)
-    ledger = ledger_slots(client, cluster.root) if client is not None else {}
-    skips = logged_skips([r.log() for r in cluster.replicas])
-    report = account(
-        cluster.publishes(),
-        cluster.schedule,
-        skips=skips,
-        ledger_slots=ledger if client is not None else None,
-        **kwargs,
-    )
-    print(report.table())
-    print(report.leader_table())
-    return report
-
-
-def assert_clean(report: Report, cluster: Cluster) -> None:
-    assert report.published, "nothing was published"
-    assert report.twice == 0, "a tick was published twice\n" + report.details()
-    assert report.lost == [] and report.unpublished_claims == [], (
-        "a tick was lost\n" + report.details() + "\n" + cluster.logs()
-    )
-
-
 def test_ensemble_member_of_the_leader_dies(
     make_cluster: MakeCluster, zk_ensemble: ZooKeeperEnsemble, ensemble_client: KazooClient
 ) -> None:
@@ -97,7 +63,7 @@ def test_ensemble_member_of_the_leader_dies(
     assert {p.epoch for p in rows} == {first.epoch}, "leadership changed"
     assert {p.identity for p in rows} == {identity}
     assert wait_for(lambda: member_holding(zk_ensemble, session_id)) is not member
-    assert_clean(accounting(cluster, ensemble_client), cluster)
+    assert_clean(accounting(cluster, ensemble_client), cluster.logs())
 
 
 QUORUM_OUTAGE = 12.0  # seconds: six session timeouts
@@ -128,7 +94,7 @@ def test_quorum_lost_and_back(
     assert len({p.epoch for p in after}) == 1, "more than one leader after the quorum came back"
     wait_for(lambda: ensemble_client.connected, timeout=30)  # its own session expired too
     report = accounting(cluster, ensemble_client)
-    assert_clean(report, cluster)
+    assert_clean(report, cluster.logs())
     # alpha and beta (no grace) catch the outage up once, late; gamma (grace 2 s) skips it, logged.
     late = {entry for entry, _, lateness in report.late if lateness > QUORUM_OUTAGE / 2}
     assert late == {"alpha", "beta"}
@@ -166,7 +132,7 @@ def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
     assert [p for p in rows if p.identity == cut.identity and p.at > cut_at + 0.5] == []
     assert {p.identity for p in rows if p.at > healed_at} == {heir.identity}
     assert cut.alive
-    assert_clean(accounting(cluster, zk_client), cluster)
+    assert_clean(accounting(cluster, zk_client), cluster.logs())
 
 
 BROKER_OUTAGE = 30.0
@@ -207,7 +173,7 @@ def test_broker_outage_under_a_running_leader(
     # withdrawn again every second (at most the batch in flight when it went).
     assert leader.count("its claim is withdrawn") <= len(ENTRIES), leader
     assert "broker reachable again" in leader
-    assert_clean(report, cluster)
+    assert_clean(report, cluster.logs())
     late = {entry for entry, _, lateness in report.late if lateness > BROKER_OUTAGE / 2}
     assert late == {"alpha", "beta"}
     assert [entry for entry, _ in report.skipped] == ["gamma"]

@@ -250,6 +250,7 @@ class DjangoCluster:
         self.log_dir = log_dir
         self.redis = redis.Redis.from_url(env["CELERY_BROKER_URL"])
         self.record_key = env["ZKBEAT_TEST_RECORD_KEY"]
+        self.root = env["ZKBEAT_ROOT"]
         self.replicas: list[DjangoReplica] = []
         for _ in range(n):
             self._new()

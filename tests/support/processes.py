@@ -1,4 +1,4 @@
-"""Real ``celery beat`` replicas for the process tests, and the accounting.
+"""Real ``celery beat`` replicas for the process tests, and the record of what they published.
 
 A replica is a separate ``celery -A tests.support.beatapp beat --scheduler
 zkbeat.Scheduler`` process; tests send it real signals (SIGKILL, SIGTERM,
@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -215,12 +215,6 @@ class Cluster:
         return "\n".join(f"===== {r.identity} =====\n{r.log()[-6000:]}" for r in self.replicas)
 
 
-def duplicates(publishes: list[Publish]) -> list[tuple[str, datetime]]:
-    """(entry, slot) pairs published more than once."""
-    counts = Counter((p.entry, p.slot) for p in publishes)
-    return [key for key, n in counts.items() if n > 1]
-
-
 def too_close(publishes: list[Publish], interval: float, fraction: float = 0.5) -> list[tuple[str, float]]:
     """Consecutive slots of one entry closer than ``fraction`` of its interval.
 
@@ -233,17 +227,6 @@ def too_close(publishes: list[Publish], interval: float, fraction: float = 0.5) 
             gap = (b - a).total_seconds()
             if gap < interval * fraction:
                 found.append((entry, gap))
-    return found
-
-
-def gaps(publishes: list[Publish], interval: float, allowance: float) -> list[tuple[str, datetime, float]]:
-    """Places where an entry went longer than ``interval + allowance`` between slots."""
-    found = []
-    for entry, slots in slots_by_entry(publishes).items():
-        for a, b in zip(slots, slots[1:]):
-            gap = (b - a).total_seconds()
-            if gap > interval + allowance:
-                found.append((entry, a, gap))
     return found
 
 
