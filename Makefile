@@ -45,11 +45,11 @@ test: install
 
 lint: install
 	$(BIN)/ruff check zkbeat tests example_project demo bench
-	$(BIN)/ruff format --check zkbeat
+	$(BIN)/ruff format --check zkbeat tests example_project demo bench
 
 format: install
 	$(BIN)/ruff check --fix zkbeat tests example_project demo bench
-	$(BIN)/ruff format zkbeat
+	$(BIN)/ruff format zkbeat tests example_project demo bench
 
 demo: install
 	$(BIN)/python -m demo

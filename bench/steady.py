@@ -171,8 +171,13 @@ def run(bench: Bench) -> list[Row]:
             check=lambda row: row.values["zkbeat"].median <= 1,
             digits=3,
         ),
-        Row(scenario, "ZooKeeper transactions per publish", "per publish",
-            {"zkbeat": Sample([zk.get("txn_per_publish", float("nan"))])}, digits=4),  # fmt: skip
+        Row(
+            scenario,
+            "ZooKeeper transactions per publish",
+            "per publish",
+            {"zkbeat": Sample([zk.get("txn_per_publish", float("nan"))])},
+            digits=4,
+        ),  # fmt: skip
         Row(
             f"idle follower, {duration:g} s",
             "CPU (each follower)",

@@ -69,8 +69,13 @@ def run(bench: Bench) -> list[Row]:
                   f"({', '.join(b.identity for b in woken)}); new leader {new_leader}")  # fmt: skip
     scenario = f"{n} replicas started together"
     return [
-        Row(scenario, "launch → first publish: 1 celery beat alone / zkbeat from the last launch", "s",
-            {"plain": Sample([plain_launch]), "zkbeat": Sample([first.at - last_launch])}, digits=2),  # fmt: skip
+        Row(
+            scenario,
+            "launch → first publish: 1 celery beat alone / zkbeat from the last launch",
+            "s",
+            {"plain": Sample([plain_launch]), "zkbeat": Sample([first.at - last_launch])},
+            digits=2,
+        ),  # fmt: skip
         Row(
             scenario,
             "first publish after the last replica's scheduler came up (negative: before it)",

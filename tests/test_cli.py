@@ -37,8 +37,9 @@ def zkbeat(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -
 
 @pytest.fixture
 def cluster(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(3, zk_hosts=zk_server.hosts, broker=redis_server.url, root=zk_root, schedule=SCHEDULE,
-                      log_dir=tmp_path)
+    cluster = Cluster(
+        3, zk_hosts=zk_server.hosts, broker=redis_server.url, root=zk_root, schedule=SCHEDULE, log_dir=tmp_path
+    )
     cluster.start()
     wait_for(lambda: len(cluster.publishes()) >= 2, timeout=30, message=cluster.logs)
     wait_for(lambda: all("joining the election" in r.log() for r in cluster.replicas), timeout=30)
@@ -53,8 +54,10 @@ def app_env(cluster: Cluster) -> dict[str, str]:
 
 def test_status_shows_leader_candidates_and_entries(cluster: Cluster) -> None:
     """status names the publishing replica as leader, lists all three candidates in order, and each entry's runs."""
-    wait_for(lambda: len(json.loads(zkbeat("-A", APP, "status", "--json", env=app_env(cluster)).stdout)
-                         ["candidates"]) == 3, timeout=30)
+    wait_for(
+        lambda: len(json.loads(zkbeat("-A", APP, "status", "--json", env=app_env(cluster)).stdout)["candidates"]) == 3,
+        timeout=30,
+    )
     result = zkbeat("-A", APP, "status", "--json", env=app_env(cluster))
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
@@ -117,19 +120,29 @@ def test_runs_as_a_celery_subcommand(cluster: Cluster) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "celery", "-A", APP, "zkbeat", "status", "--json"],
         env={**os.environ, "PYTHONPATH": str(ROOT), **app_env(cluster)},
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["candidates"]) == 3
 
 
-def test_health_local_follows_this_replicas_connection(zk_server_private: ZooKeeperServer, redis_server: RedisServer,
-                                                        zk_root: str, tmp_path: Path) -> None:
+def test_health_local_follows_this_replicas_connection(
+    zk_server_private: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path
+) -> None:
     """health --local is 0 while the replica on this machine is connected and 1 once its ZooKeeper is gone."""
     port = free_port()
-    cluster = Cluster(1, zk_hosts=zk_server_private.hosts, broker=redis_server.url, root=zk_root,
-                      schedule={"cleanup": 1}, log_dir=tmp_path,
-                      extra_env={"ZKBEAT_TEST_METRICS_PORT": str(port)})
+    cluster = Cluster(
+        1,
+        zk_hosts=zk_server_private.hosts,
+        broker=redis_server.url,
+        root=zk_root,
+        schedule={"cleanup": 1},
+        log_dir=tmp_path,
+        extra_env={"ZKBEAT_TEST_METRICS_PORT": str(port)},
+    )
     env = {**cluster.env, "ZKBEAT_TEST_METRICS_PORT": str(port)}
     try:
         cluster.start()
@@ -137,8 +150,7 @@ def test_health_local_follows_this_replicas_connection(zk_server_private: ZooKee
         local = zkbeat("-A", APP, "health", "--local", env=env)
         assert local.returncode == 0, local.stderr
         zk_server_private.stop()
-        wait_for(lambda: zkbeat("-A", APP, "--timeout", "1", "health", "--local", env=env).returncode
-                 == 1, timeout=30)
+        wait_for(lambda: zkbeat("-A", APP, "--timeout", "1", "health", "--local", env=env).returncode == 1, timeout=30)
         down = zkbeat("-A", APP, "--timeout", "1", "health", "--local", env=env)
         assert "not connected" in down.stderr
     finally:

@@ -177,9 +177,7 @@ def test_admin_changes_reach_the_leader_on_its_next_tick(make_scheduler, publish
     assert set(scheduler.schedule) - {"celery.backend_cleanup"} == {"third"}
 
 
-def test_a_new_leader_trusts_the_ledger_over_a_stale_database(
-    make_scheduler, published: Published
-) -> None:
+def test_a_new_leader_trusts_the_ledger_over_a_stale_database(make_scheduler, published: Published) -> None:
     """After a crash the rows' last_run_at are ticks behind; the new leader repeats none of the old leader's ticks."""
     interval_task("report", 1)
     old = make_scheduler()

@@ -132,9 +132,7 @@ def test_paused_zombie_leader_publishes_nothing_after_resuming(
     assert_clean(accounting(cluster, zk_client), cluster.logs())
 
 
-def test_sigterm_between_commit_and_publish_loses_no_tick(
-    make_cluster: MakeCluster, zk_client: KazooClient
-) -> None:
+def test_sigterm_between_commit_and_publish_loses_no_tick(make_cluster: MakeCluster, zk_client: KazooClient) -> None:
     """A SIGTERM landing after the ledger commit is held until the message is sent, then honoured."""
     cluster = make_cluster(0, schedule={"alpha": 1})
     doomed = cluster.add({"ZKBEAT_TEST_SIGTERM_ON_PUBLISH": "1"})

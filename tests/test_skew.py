@@ -54,8 +54,11 @@ def test_skewed_replicas_lead_in_line_order_and_publish_nothing_twice(
             cluster.add(faketime_env(skew))
             wait_for(lambda n=n: len(candidates(zk_client, zk_root)) == n, timeout=20, message=lambda: cluster.logs())
         for replica in cluster.replicas:
-            wait_for(lambda r=replica: len([p for p in cluster.publishes() if p.identity == r.identity]) >= 6,
-                     timeout=30, message=lambda: cluster.logs())
+            wait_for(
+                lambda r=replica: len([p for p in cluster.publishes() if p.identity == r.identity]) >= 6,
+                timeout=30,
+                message=lambda: cluster.logs(),
+            )
             replica.signal(signal.SIGTERM)
             assert replica.wait() == 0, replica.log()
         rows = cluster.publishes()

@@ -89,9 +89,7 @@ def test_a_leader_steps_aside_for_a_newer_release_in_its_line(
         newer.close()
 
 
-def test_the_leader_reports_a_candidate_whose_schedule_differs(
-    make_scheduler, zk_client: KazooClient, caplog
-) -> None:
+def test_the_leader_reports_a_candidate_whose_schedule_differs(make_scheduler, zk_client: KazooClient, caplog) -> None:
     """A follower with another beat_schedule is named in the leader's log, once; one with the same is not."""
     leader = make_scheduler({"a": every(1)}, identity="old-config")
     assert leader.election.wait_for_leadership(timeout=15)

@@ -234,7 +234,6 @@ def replica_env(*, database_url: str, zk_hosts: str, broker: str, root: str, rec
     }
 
 
-
 def periodic_task(name: str):
     """The task's row as it is in the database now."""
     from django_celery_beat.models import PeriodicTask
