@@ -45,12 +45,12 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check zkbeat tests example_project demo
-	$(BIN)/ruff format --check zkbeat
+	$(BIN)/ruff check zkbeat tests example_project demo bench
+	$(BIN)/ruff format --check zkbeat tests example_project demo bench
 
 format: install
-	$(BIN)/ruff check --fix zkbeat tests example_project demo
-	$(BIN)/ruff format zkbeat
+	$(BIN)/ruff check --fix zkbeat tests example_project demo bench
+	$(BIN)/ruff format zkbeat tests example_project demo bench
 
 # The manual (docs/, Sphinx with MyST Markdown). The settings reference is
 # generated from zkbeat/conf.py and the API reference from the docstrings, so
@@ -66,7 +66,7 @@ docs: install $(VENV)/.installed-docs
 demo: install
 	$(BIN)/python -m demo
 
-# Benchmarks (tests/bench/, never part of `make test`): zkbeat side by side
+# Benchmarks (bench/, never part of `make test`): zkbeat side by side
 # with celery beat and celery-redbeat on ZooKeeper and Redis started for the
 # run. About twenty minutes; BENCH_ARGS=--quick for a short run (< 2 min).
 BENCH_ARGS ?=
@@ -76,16 +76,16 @@ $(VENV)/.installed-bench: $(VENV)/.installed setup.cfg
 	touch $@
 
 bench: install $(VENV)/.installed-bench
-	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
-# The chaos soak (tests/chaos.py): real replicas on a 3-member ensemble and
+# The chaos soak (tests/support/chaos.py): real replicas on a 3-member ensemble and
 # Redis, faults injected into the leader, then twice/lost/skipped and who led
 # when. Exits non-zero if a tick was published twice or lost unexplained.
 # `make test` runs a short version (tests/test_chaos.py).
 DURATION ?= 1800
 
 chaos: install
-	$(BIN)/python -m tests.chaos --duration $(DURATION)
+	$(BIN)/python -m tests.support.chaos --duration $(DURATION)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache docs/_build

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from tests.processes import LoggedProcess
+from tests.support.processes import LoggedProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_PROJECT = ROOT / "example_project"

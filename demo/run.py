@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 
 from demo.cluster import BEAT_COMMAND, EXAMPLE_PROJECT, ROOT, WORKER_COMMAND, Child, Event, parse
 from demo.report import Handover, format_table, rows
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.helpers import wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 WORKDIR = ROOT / ".demo"
 SESSION_TIMEOUT = 3.0
@@ -206,9 +207,7 @@ class Demo:
         return 0 if twice == 0 and sent == 1 else 1
 
     def wait_for_worker(self, job_run, expected: int, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while job_run.objects.count() < expected and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: job_run.objects.count() >= expected, timeout, 0.2, raise_on_timeout=False)
 
     def cleanup(self) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

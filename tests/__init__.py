@@ -1,1 +1,1 @@
-"""Test suite for zkbeat; a package so ``from tests.helpers import ...`` works."""
+"""Test suite for zkbeat; a package so ``from tests.support.helpers import ...`` works."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import FAULTS, run
+from tests.support.chaos import FAULTS, run
 
 pytestmark = pytest.mark.processes
 

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.helpers import wait_for
-from tests.processes import ROOT, Cluster
-from tests.servers import RedisServer, ZooKeeperServer, free_port
+from tests.support.helpers import wait_for
+from tests.support.processes import ROOT, Cluster
+from tests.support.servers import RedisServer, ZooKeeperServer, free_port
 
 pytestmark = pytest.mark.processes
 
 SCHEDULE = {"cleanup": 1, "report": 3}
+#: The replicas' Celery app, as `celery -A` names it.
+APP = "tests.support.beatapp"
 
 
 def zkbeat(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -35,8 +37,9 @@ def zkbeat(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -
 
 @pytest.fixture
 def cluster(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(3, zk_hosts=zk_server.hosts, broker=redis_server.url, root=zk_root, schedule=SCHEDULE,
-                      log_dir=tmp_path)
+    cluster = Cluster(
+        3, zk_hosts=zk_server.hosts, broker=redis_server.url, root=zk_root, schedule=SCHEDULE, log_dir=tmp_path
+    )
     cluster.start()
     wait_for(lambda: len(cluster.publishes()) >= 2, timeout=30, message=cluster.logs)
     wait_for(lambda: all("joining the election" in r.log() for r in cluster.replicas), timeout=30)
@@ -45,15 +48,17 @@ def cluster(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str,
 
 
 def app_env(cluster: Cluster) -> dict[str, str]:
-    """The environment under which `-A tests.beatapp` is the cluster's own app."""
+    """The environment under which `-A tests.support.beatapp` is the cluster's own app."""
     return {key: value for key, value in cluster.env.items()}
 
 
 def test_status_shows_leader_candidates_and_entries(cluster: Cluster) -> None:
     """status names the publishing replica as leader, lists all three candidates in order, and each entry's runs."""
-    wait_for(lambda: len(json.loads(zkbeat("-A", "tests.beatapp", "status", "--json", env=app_env(cluster)).stdout)
-                         ["candidates"]) == 3, timeout=30)
-    result = zkbeat("-A", "tests.beatapp", "status", "--json", env=app_env(cluster))
+    wait_for(
+        lambda: len(json.loads(zkbeat("-A", APP, "status", "--json", env=app_env(cluster)).stdout)["candidates"]) == 3,
+        timeout=30,
+    )
+    result = zkbeat("-A", APP, "status", "--json", env=app_env(cluster))
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
     publisher = cluster.publishes()[-1]
@@ -66,7 +71,7 @@ def test_status_shows_leader_candidates_and_entries(cluster: Cluster) -> None:
     assert set(entries) == set(SCHEDULE)
     assert entries["cleanup"]["total_run_count"] >= 1 and entries["cleanup"]["next_due"]
 
-    text = zkbeat("-A", "tests.beatapp", "status", env=app_env(cluster))
+    text = zkbeat("-A", APP, "status", env=app_env(cluster))
     assert text.returncode == 0
     assert f"leader: {publisher.identity}" in text.stdout
     assert "candidates (3):" in text.stdout and "entries (2):" in text.stdout
@@ -75,9 +80,9 @@ def test_status_shows_leader_candidates_and_entries(cluster: Cluster) -> None:
 def test_step_down_wait_moves_leadership(cluster: Cluster) -> None:
     """step-down --wait returns once another replica leads and publishes; the old leader stays, at the back."""
     old = cluster.publishes()[-1]
-    result = zkbeat("-A", "tests.beatapp", "step-down", "--wait", env=app_env(cluster))
+    result = zkbeat("-A", APP, "step-down", "--wait", env=app_env(cluster))
     assert result.returncode == 0, result.stderr
-    found = json.loads(zkbeat("-A", "tests.beatapp", "status", "--json", env=app_env(cluster)).stdout)
+    found = json.loads(zkbeat("-A", APP, "status", "--json", env=app_env(cluster)).stdout)
     assert found["leader"]["identity"] != old.identity
     assert found["candidates"][-1]["identity"] == old.identity
     wait_for(lambda: any(p.identity != old.identity for p in cluster.publishes()), timeout=10)
@@ -86,7 +91,7 @@ def test_step_down_wait_moves_leadership(cluster: Cluster) -> None:
 
 def test_health_exit_status(cluster: Cluster, zk_server: ZooKeeperServer, zk_client: KazooClient) -> None:
     """health exits 0 with a leader, 1 with none or a foreign root, 2 when ZooKeeper or the app is out of reach."""
-    ok = zkbeat("-A", "tests.beatapp", "health", env=app_env(cluster))
+    ok = zkbeat("-A", APP, "health", env=app_env(cluster))
     assert ok.returncode == 0 and ok.stdout.startswith("ok:"), ok.stderr
 
     zk_client.ensure_path("/not-zkbeat/v2")
@@ -113,31 +118,40 @@ def test_health_exit_status(cluster: Cluster, zk_server: ZooKeeperServer, zk_cli
 def test_runs_as_a_celery_subcommand(cluster: Cluster) -> None:
     """`celery -A proj zkbeat status` reads the same cluster through Celery's own -A."""
     result = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.beatapp", "zkbeat", "status", "--json"],
+        [sys.executable, "-m", "celery", "-A", APP, "zkbeat", "status", "--json"],
         env={**os.environ, "PYTHONPATH": str(ROOT), **app_env(cluster)},
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["candidates"]) == 3
 
 
-def test_health_local_follows_this_replicas_connection(zk_server_private: ZooKeeperServer, redis_server: RedisServer,
-                                                        zk_root: str, tmp_path: Path) -> None:
+def test_health_local_follows_this_replicas_connection(
+    zk_server_private: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path
+) -> None:
     """health --local is 0 while the replica on this machine is connected and 1 once its ZooKeeper is gone."""
     port = free_port()
-    cluster = Cluster(1, zk_hosts=zk_server_private.hosts, broker=redis_server.url, root=zk_root,
-                      schedule={"cleanup": 1}, log_dir=tmp_path,
-                      extra_env={"ZKBEAT_TEST_METRICS_PORT": str(port)})
+    cluster = Cluster(
+        1,
+        zk_hosts=zk_server_private.hosts,
+        broker=redis_server.url,
+        root=zk_root,
+        schedule={"cleanup": 1},
+        log_dir=tmp_path,
+        extra_env={"ZKBEAT_TEST_METRICS_PORT": str(port)},
+    )
     env = {**cluster.env, "ZKBEAT_TEST_METRICS_PORT": str(port)}
     try:
         cluster.start()
         wait_for(lambda: cluster.publishes(), timeout=30, message=cluster.logs)
-        local = zkbeat("-A", "tests.beatapp", "health", "--local", env=env)
+        local = zkbeat("-A", APP, "health", "--local", env=env)
         assert local.returncode == 0, local.stderr
         zk_server_private.stop()
-        wait_for(lambda: zkbeat("-A", "tests.beatapp", "--timeout", "1", "health", "--local", env=env).returncode
-                 == 1, timeout=30)
-        down = zkbeat("-A", "tests.beatapp", "--timeout", "1", "health", "--local", env=env)
+        wait_for(lambda: zkbeat("-A", APP, "--timeout", "1", "health", "--local", env=env).returncode == 1, timeout=30)
+        down = zkbeat("-A", APP, "--timeout", "1", "health", "--local", env=env)
         assert "not connected" in down.stderr
     finally:
         cluster.stop()

@@ -11,80 +11,26 @@ import base64
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 import redis
-from celery import Celery, schedules
-from celery.signals import after_task_publish
+from celery import schedules
 from kazoo.client import KazooClient
 
-from tests.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
-from tests.helpers import wait_for
-from tests.processes import ROOT
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
+from tests.support.helpers import Published, lead, wait_for
+from tests.support.processes import ROOT
+from tests.support.servers import RedisServer
 from zkbeat.election import LeaderElection
 
 pytestmark = pytest.mark.usefixtures("beat_db")
 
 
-class Published:
-    """(entry, slot, args) of every message this process handed to the broker."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, list]] = []
-        after_task_publish.connect(self._record, weak=False)
-
-    def _record(self, headers=None, body=None, **kwargs) -> None:
-        headers = headers or {}
-        self.rows.append((headers.get("zkbeat-entry"), headers.get("zkbeat-slot"), list(body[0]) if body else []))
-
-    def of(self, entry: str) -> list[tuple[str, str, list]]:
-        return [row for row in self.rows if row[0] == entry]
-
-    def count(self, entry: str) -> int:
-        return len(self.of(entry))
-
-    def close(self) -> None:
-        after_task_publish.disconnect(self._record)
-
-
 @pytest.fixture
-def published() -> Iterator[Published]:
-    recorder = Published()
-    yield recorder
-    recorder.close()
-
-
-@pytest.fixture
-def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str) -> Iterator:
-    from zkbeat import DatabaseScheduler
-
-    made: list[DatabaseScheduler] = []
-
-    def make(beat_schedule: dict | None = None) -> DatabaseScheduler:
-        app = Celery("proj", set_as_current=False)
-        app.conf.update(
-            broker_url=redis_server.url,
-            zkbeat_hosts=zk_server.hosts,
-            zkbeat_root=zk_root,
-            zkbeat_session_timeout=4,
-            zkbeat_identity=f"inproc-{len(made)}",
-            beat_max_loop_interval=0.5,
-            beat_schedule=beat_schedule or {},
-        )
-        scheduler = DatabaseScheduler(app)
-        made.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in made:
-        scheduler.close()
-
-
-def lead(scheduler) -> None:
-    assert scheduler.election.wait_for_leadership(timeout=15), "never became leader"
+def beat_scheduler() -> str:
+    """make_scheduler builds zkbeat.DatabaseScheduler here."""
+    return "zkbeat.DatabaseScheduler"
 
 
 def pump(scheduler, until, timeout: float = 20, message=None):
@@ -231,9 +177,7 @@ def test_admin_changes_reach_the_leader_on_its_next_tick(make_scheduler, publish
     assert set(scheduler.schedule) - {"celery.backend_cleanup"} == {"third"}
 
 
-def test_a_new_leader_trusts_the_ledger_over_a_stale_database(
-    make_scheduler, published: Published
-) -> None:
+def test_a_new_leader_trusts_the_ledger_over_a_stale_database(make_scheduler, published: Published) -> None:
     """After a crash the rows' last_run_at are ticks behind; the new leader repeats none of the old leader's ticks."""
     interval_task("report", 1)
     old = make_scheduler()

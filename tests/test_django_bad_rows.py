@@ -14,16 +14,18 @@ from datetime import timedelta
 
 import pytest
 
-from tests import test_django, test_django_failover
-from tests.djangosupport import interval_task
-from tests.helpers import wait_for
-from tests.test_django import Published, lead, pump, row
-
-# The in-process fixtures of tests/test_django.py.
-make_scheduler = test_django.make_scheduler
-published = test_django.published
+from tests.support.djangosupport import interval_task
+from tests.support.helpers import Published, lead, wait_for
+from tests.test_django import pump, row
 
 pytestmark = pytest.mark.usefixtures("beat_db")
+
+
+@pytest.fixture
+def beat_scheduler() -> str:
+    """make_scheduler and make_cluster run zkbeat.DatabaseScheduler here."""
+    return "zkbeat.DatabaseScheduler"
+
 
 UNKNOWN_ZONE = "Mars/Olympus_Mons"
 
@@ -248,8 +250,6 @@ def settings_tz_naive():
 
 
 # -- real celery beat processes ------------------------------------------------
-
-make_cluster = test_django_failover.make_cluster
 
 
 @pytest.mark.processes

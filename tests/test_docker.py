@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from demo.cluster import BEAT_COMMAND
-from tests.djangosupport import EXAMPLE_PROJECT, DjangoReplica, replica_env
-from tests.helpers import wait_for
-from tests.processes import ROOT
-from tests.servers import RedisServer, ZooKeeperServer, free_port
+from tests.support.djangosupport import EXAMPLE_PROJECT, DjangoReplica, replica_env
+from tests.support.helpers import wait_for
+from tests.support.processes import ROOT
+from tests.support.servers import RedisServer, ZooKeeperServer, free_port
 from zkbeat.conf import Settings
 
 DOCKER = ROOT / "docker"

@@ -15,16 +15,14 @@ exist, runs at 03:30.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
 from celery import Celery
 from celery.schedules import crontab
-from celery.signals import after_task_publish
 
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.helpers import Published
 from zkbeat import Scheduler
 
 ZONE = ZoneInfo("America/New_York")
@@ -79,19 +77,6 @@ def oracle(start: datetime) -> dict[str, list[str]]:
     return runs
 
 
-@pytest.fixture
-def sent() -> Iterator[list[tuple[str, datetime]]]:
-    found: list[tuple[str, datetime]] = []
-
-    def receiver(headers=None, **kwargs) -> None:
-        if headers and headers.get("zkbeat-entry"):
-            found.append((headers["zkbeat-entry"], datetime.fromisoformat(headers["zkbeat-slot"])))
-
-    after_task_publish.connect(receiver, weak=False)
-    yield found
-    after_task_publish.disconnect(receiver)
-
-
 UTC = timezone.utc
 NIGHTS = {
     # (local midnight, handover): 06:10Z is 01:10 EST, inside the repeated hour
@@ -107,25 +92,16 @@ FIXED = {
 
 @pytest.mark.parametrize("night", sorted(NIGHTS))
 def test_crontab_across_dst_publishes_each_wall_clock_slot_once(
-    night: str, zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, sent
+    night: str, make_scheduler, published: Published
 ) -> None:
     """Across a DST change, with a handover inside the odd hour, zkbeat publishes exactly what crontab defines."""
     start, handover = NIGHTS[night]
     clock = Clock(start)
 
     def replica(identity: str) -> Scheduler:
-        app = Celery("zkbeat-dst", set_as_current=False)
-        app.conf.update(
-            broker_url=redis_server.url,
-            timezone=str(ZONE),
-            zkbeat_hosts=zk_server.hosts,
-            zkbeat_root=zk_root,
-            zkbeat_identity=identity,
-            zkbeat_session_timeout=4,
-            beat_max_loop_interval=300,
-            beat_schedule=entries(clock, app),
+        return make_scheduler(
+            lambda app: entries(clock, app), identity=identity, timezone=str(ZONE), beat_max_loop_interval=300
         )
-        return Scheduler(app)
 
     def lead_until(scheduler: Scheduler, until: datetime) -> None:
         assert scheduler.election.wait_for_leadership(timeout=15)
@@ -151,10 +127,12 @@ def test_crontab_across_dst_publishes_each_wall_clock_slot_once(
             second.close()
 
     expected = oracle(start)
+    zkbeat_headers = [h for h in published.headers if "zkbeat-entry" in h]
+    sent = [(h["zkbeat-entry"], datetime.fromisoformat(h["zkbeat-slot"])) for h in zkbeat_headers]
     ordered = sorted(sent, key=lambda item: item[1])
-    published = {name: [wall(slot) for entry, slot in ordered if entry == name] for name in expected}
-    for name, slots in published.items():
+    ran = {name: [wall(slot) for entry, slot in ordered if entry == name] for name in expected}
+    for name, slots in ran.items():
         assert len(slots) == len(set(slots)), f"{night}: {name} published a wall-clock slot twice: {slots}"
-    assert published == expected
+    assert ran == expected
     for name, slots in FIXED[night].items():
-        assert published[name] == slots
+        assert ran[name] == slots

@@ -10,8 +10,8 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
-from tests.helpers import wait_for
-from tests.servers import ZooKeeperServer, drop_connection, expire_session
+from tests.support.helpers import wait_for
+from tests.support.servers import ZooKeeperServer, drop_connection, expire_session
 from zkbeat.election import LeaderElection, candidate_sequence
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 from zkbeat.election import LeaderElection
 
 

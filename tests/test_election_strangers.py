@@ -17,9 +17,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions
 
-from tests.helpers import wait_for
-from tests.processes import ROOT
-from tests.servers import ZooKeeperServer
+from tests.support.helpers import wait_for
+from tests.support.processes import ROOT
+from tests.support.servers import ZooKeeperServer
 from zkbeat.election import LeaderElection
 
 
@@ -112,7 +112,7 @@ def zkbeat(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _app_env(zk_server: ZooKeeperServer, root: str) -> dict[str, str]:
-    """`-A tests.beatapp` on this root, with a 2 s session timeout (nothing connects to the broker)."""
+    """`-A tests.support.beatapp` on this root, with a 2 s session timeout (nothing connects to the broker)."""
     return {
         "ZKBEAT_HOSTS": zk_server.hosts,
         "ZKBEAT_TEST_ROOT": root,
@@ -129,7 +129,7 @@ def test_health_names_the_real_leader_not_a_stranger(
     zk_client.create(f"{path}/candidate-x-0000000000", b"{}", ephemeral=True)
     election = _election(zk_client, path, made, "real-leader")
     assert election.wait_for_leadership(timeout=10)
-    result = zkbeat("-A", "tests.beatapp", "health", env=_app_env(zk_server, root))
+    result = zkbeat("-A", "tests.support.beatapp", "health", env=_app_env(zk_server, root))
     assert result.returncode == 0, result.stderr
     assert "real-leader leads" in result.stdout and f"epoch {election.epoch}" in result.stdout
 
@@ -141,7 +141,7 @@ def test_health_fails_when_the_head_of_the_election_does_not_lead(
     zk_client.ensure_path(path)
     # A live session's candidate, named as zkbeat names them, whose owner never leads.
     zk_client.create(f"{path}/candidate-{uuid.uuid4().hex}-", b'{"identity": "stuck"}', ephemeral=True, sequence=True)
-    result = zkbeat("-A", "tests.beatapp", "health", env=_app_env(zk_server, root))
+    result = zkbeat("-A", "tests.support.beatapp", "health", env=_app_env(zk_server, root))
     assert result.returncode == 1, result.stdout
     assert "stuck" in result.stderr and "has not" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -11,9 +11,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
 
-from tests.helpers import wait_for
-from tests.proxy import TcpProxy
-from tests.servers import ZooKeeperServer
+from tests.support.helpers import wait_for
+from tests.support.proxy import TcpProxy
+from tests.support.servers import ZooKeeperServer
 from zkbeat.election import LeaderElection, candidate_sequence
 
 

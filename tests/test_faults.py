@@ -2,7 +2,7 @@
 
 A 3-node ensemble losing the member the leader talks to, losing its quorum,
 a leader cut off from ZooKeeper but not from the broker, and a broker
-outage. Every test ends with the same accounting (tests/accounting.py):
+outage. Every test ends with the same accounting (tests/support/accounting.py):
 nothing published twice, nothing lost but what the misfire policy skipped
 (each skip logged), and who led when.
 """
@@ -10,51 +10,22 @@ nothing published twice, nothing lost but what the misfire policy skipped
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
 
-from tests.accounting import Report, account, logged_skips
-from tests.faults import candidates, leader_session, ledger_slots, member_holding
-from tests.helpers import wait_for
-from tests.processes import Cluster, Publish
-from tests.proxy import TcpProxy
-from tests.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.accounting import accounting, assert_clean
+from tests.support.faults import candidates, leader_session, member_holding
+from tests.support.helpers import wait_for
+from tests.support.processes import ENTRIES, Cluster, Publish
+from tests.support.proxy import TcpProxy
+from tests.support.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 
-SESSION = 2.0
-ENTRIES = {"alpha": 1, "beta": 1, "gamma": 1}
-
 MakeCluster = Callable[..., Cluster]
-
-
-@pytest.fixture
-def make_cluster(redis_server: RedisServer, zk_root: str, tmp_path: Path) -> Iterator[MakeCluster]:
-    made: list[Cluster] = []
-
-    def make(n: int, hosts: str, schedule: dict[str, float] = ENTRIES, **kwargs) -> Cluster:
-        cluster = Cluster(
-            n,
-            zk_hosts=hosts,
-            broker=kwargs.pop("broker", redis_server.url),
-            record_url=redis_server.url,
-            root=zk_root,
-            schedule=schedule,
-            log_dir=tmp_path,
-            session_timeout=kwargs.pop("session_timeout", SESSION),
-            **kwargs,
-        )
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.stop()
 
 
 @pytest.fixture
@@ -77,44 +48,11 @@ def settle(cluster: Cluster, count: int, since: float, timeout: float = 30) -> l
     return wait_for(enough, timeout=timeout, message=lambda: cluster.logs())
 
 
-def accounting(cluster: Cluster, client: KazooClient | None = None, **kwargs) -> Report:
-    """Stop the replicas (SIGTERM), then count; printed (pytest shows it with -s or on failure).
-
-    A graceful stop first, so that the ledger is at rest when it is compared
-    with the record: a claim is published a moment after it commits.
-    """
-    for replica in cluster.replicas:
-        replica.signal(signal.SIGTERM)
-    for replica in cluster.replicas:
-        if replica.process is not None:
-            replica.wait(30)
-    ledger = ledger_slots(client, cluster.root) if client is not None else {}
-    skips = logged_skips([r.log() for r in cluster.replicas])
-    report = account(
-        cluster.publishes(),
-        cluster.schedule,
-        skips=skips,
-        ledger_slots=ledger if client is not None else None,
-        **kwargs,
-    )
-    print(report.table())
-    print(report.leader_table())
-    return report
-
-
-def assert_clean(report: Report, cluster: Cluster) -> None:
-    assert report.published, "nothing was published"
-    assert report.twice == 0, "a tick was published twice\n" + report.details()
-    assert report.lost == [] and report.unpublished_claims == [], (
-        "a tick was lost\n" + report.details() + "\n" + cluster.logs()
-    )
-
-
 def test_ensemble_member_of_the_leader_dies(
     make_cluster: MakeCluster, zk_ensemble: ZooKeeperEnsemble, ensemble_client: KazooClient
 ) -> None:
     """kill -9 of the ZooKeeper member the leader is connected to: its session moves, it keeps leading, no tick lost."""
-    cluster = make_cluster(3, zk_ensemble.hosts, session_timeout=6.0).start()
+    cluster = make_cluster(3, hosts=zk_ensemble.hosts, session_timeout=6.0).start()
     first = settle(cluster, 6, 0)[0]
     identity, session_id = wait_for(lambda: leader_session(ensemble_client, cluster.root))
     member = wait_for(lambda: member_holding(zk_ensemble, session_id), message="no member holds the leader's session")
@@ -125,7 +63,7 @@ def test_ensemble_member_of_the_leader_dies(
     assert {p.epoch for p in rows} == {first.epoch}, "leadership changed"
     assert {p.identity for p in rows} == {identity}
     assert wait_for(lambda: member_holding(zk_ensemble, session_id)) is not member
-    assert_clean(accounting(cluster, ensemble_client), cluster)
+    assert_clean(accounting(cluster, ensemble_client), cluster.logs())
 
 
 QUORUM_OUTAGE = 12.0  # seconds: six session timeouts
@@ -137,7 +75,7 @@ def test_quorum_lost_and_back(
     """2 of 3 members down past the session timeout: nobody publishes; then one leader, caught up once or skipped."""
     cluster = make_cluster(
         3,
-        zk_ensemble.hosts,
+        hosts=zk_ensemble.hosts,
         extra_env={"ZKBEAT_TEST_ENTRY_OPTIONS": json.dumps({"gamma": {"zkbeat_misfire_grace_time": 2}})},
     ).start()
     settle(cluster, 6, 0)
@@ -156,7 +94,7 @@ def test_quorum_lost_and_back(
     assert len({p.epoch for p in after}) == 1, "more than one leader after the quorum came back"
     wait_for(lambda: ensemble_client.connected, timeout=30)  # its own session expired too
     report = accounting(cluster, ensemble_client)
-    assert_clean(report, cluster)
+    assert_clean(report, cluster.logs())
     # alpha and beta (no grace) catch the outage up once, late; gamma (grace 2 s) skips it, logged.
     late = {entry for entry, _, lateness in report.late if lateness > QUORUM_OUTAGE / 2}
     assert late == {"alpha", "beta"}
@@ -168,7 +106,7 @@ def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
 ) -> None:
     """A partition between the leader and ZooKeeper: it stops, another takes over, and healed it rejoins as follower."""
     with TcpProxy(zk_server.port) as proxy:
-        cluster = make_cluster(0, zk_server.hosts)
+        cluster = make_cluster(0, hosts=zk_server.hosts)
         cut = cluster.add({"ZKBEAT_HOSTS": proxy.hosts})
         wait_for(cut.is_leader_by_log, timeout=20, message=cut.log)
         cluster.add()
@@ -194,7 +132,7 @@ def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
     assert [p for p in rows if p.identity == cut.identity and p.at > cut_at + 0.5] == []
     assert {p.identity for p in rows if p.at > healed_at} == {heir.identity}
     assert cut.alive
-    assert_clean(accounting(cluster, zk_client), cluster)
+    assert_clean(accounting(cluster, zk_client), cluster.logs())
 
 
 BROKER_OUTAGE = 30.0
@@ -207,7 +145,7 @@ def test_broker_outage_under_a_running_leader(
     with RedisServer() as broker:
         cluster = make_cluster(
             2,
-            zk_server.hosts,
+            hosts=zk_server.hosts,
             broker=broker.url,
             extra_env={
                 "ZKBEAT_TEST_ENTRY_OPTIONS": json.dumps(
@@ -235,7 +173,7 @@ def test_broker_outage_under_a_running_leader(
     # withdrawn again every second (at most the batch in flight when it went).
     assert leader.count("its claim is withdrawn") <= len(ENTRIES), leader
     assert "broker reachable again" in leader
-    assert_clean(report, cluster)
+    assert_clean(report, cluster.logs())
     late = {entry for entry, _, lateness in report.late if lateness > BROKER_OUTAGE / 2}
     assert late == {"alpha", "beta"}
     assert [entry for entry, _ in report.skipped] == ["gamma"]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.accounting import account
-from tests.helpers import wait_for
-from tests.processes import Cluster
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.accounting import account
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 

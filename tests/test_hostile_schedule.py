@@ -14,12 +14,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kombu.exceptions import OperationalError
 
-from tests import test_scheduler as _base
-from tests.helpers import Published, lead, wait_for
+from tests.support.helpers import Published, every, lead, wait_for
 from zkbeat import term as term_module
-
-make_scheduler = _base.make_scheduler  # the fixture
-every = _base.every
 
 
 class RaisingSchedule(schedule):
@@ -62,7 +58,7 @@ def test_a_task_routed_to_a_missing_queue_is_dropped_not_taken_for_an_outage(
 ) -> None:
     """A queue missing from task_queues: that tick is logged and counted as run; its batch is published."""
     scheduler = make_scheduler(
-        {"nowhere": every(0.3, queue="nowhere"), "alpha": every(0.3), "beta": every(0.3)},
+        {"nowhere": every(0.3, options={"queue": "nowhere"}), "alpha": every(0.3), "beta": every(0.3)},
         task_create_missing_queues=False,
         task_queues={"celery": {"exchange": "celery", "routing_key": "celery"}},
     )

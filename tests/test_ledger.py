@@ -16,8 +16,8 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
 
-from tests.helpers import wait_for
-from tests.servers import ZooKeeperServer, expire_session, expire_session_quietly
+from tests.support.helpers import wait_for
+from tests.support.servers import ZooKeeperServer, expire_session, expire_session_quietly
 from zkbeat.exceptions import ClaimConflictError, FencedError
 from zkbeat.ledger import ABSENT, Claim, EntryState, Ledger, LedgerRecord, encode_state
 

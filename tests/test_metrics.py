@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from celery import Celery
 
-from tests.helpers import wait_for
-from tests.servers import RedisServer, ZooKeeperServer, free_port
+from tests.support.helpers import wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer, free_port
 from zkbeat import ConfigurationError, Scheduler
 
 
@@ -48,8 +48,9 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
-def test_leader_exports_metrics_and_health(zk_server_private: ZooKeeperServer, redis_server: RedisServer,
-                                           zk_root: str) -> None:
+def test_leader_exports_metrics_and_health(
+    zk_server_private: ZooKeeperServer, redis_server: RedisServer, zk_root: str
+) -> None:
     """A leading replica reports is_leader 1, committed claims and publishes; /healthz turns 503 when ZooKeeper goes."""
     port = free_port()
     scheduler = Scheduler(make_app(zk_server_private.hosts, redis_server.url, zk_root, port))

@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.helpers import wait_for
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.helpers import wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: A whole project as small as it gets: one task, one entry every second.
-TINY_APP = '''\
+TINY_APP = """\
 from celery import Celery
 
 app = Celery("tinyapp", broker={broker!r})
@@ -45,7 +45,7 @@ app.conf.update(
 @app.task
 def tick():
     return "tick"
-'''
+"""
 
 
 @dataclass
@@ -83,10 +83,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("package")
     assert ROOT not in base.parents, "the install must live outside the source tree"
     dist = base / "dist"
-    _check(subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
-                          capture_output=True, text=True, timeout=600))
-    _check(subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())],
-                          capture_output=True, text=True, timeout=120))
+    _check(
+        subprocess.run(
+            [sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    )
+    _check(
+        subprocess.run(
+            [sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    )
     venv = base / "venv"
     _check(subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300))
     workdir = base / "work"

@@ -4,7 +4,6 @@ leader publishes, what it records, and what stops it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,42 +11,12 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 from kazoo.client import KazooClient
 
-from tests.helpers import Published, lead, wait_for
-from tests.servers import RedisServer, ZooKeeperServer, expire_session_quietly
+from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer, expire_session_quietly
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.election import LeaderElection
 from zkbeat.ledger import Claim, EntryState, Ledger
 from zkbeat.scheduler import task_id_for, tick_slot
-
-
-@pytest.fixture
-def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str) -> Iterator:
-    made: list[Scheduler] = []
-
-    def make(entries: dict, hosts: str | None = None, **conf) -> Scheduler:
-        app = Celery("zkbeat-test", set_as_current=False)
-        app.conf.update(
-            broker_url=redis_server.url,
-            zkbeat_hosts=hosts or zk_server.hosts,
-            zkbeat_root=zk_root,
-            zkbeat_session_timeout=4,
-            zkbeat_identity=f"inproc-{len(made)}",
-            beat_max_loop_interval=0.5,
-            beat_schedule=entries,
-            **conf,
-        )
-        scheduler = Scheduler(app)
-        made.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in made:
-        scheduler.close()
-
-
-
-def every(seconds: float, **options) -> dict:
-    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), "options": options}
 
 
 def seed_ledger(zk_client: KazooClient, root: str, name: str, last_run_at: datetime, count: int = 7) -> None:
@@ -73,8 +42,9 @@ def test_leader_publishes_with_headers_and_a_deterministic_task_id(make_schedule
     assert record.state.slot == slot and record.state.epoch == scheduler.election.epoch
 
 
-def test_a_follower_neither_publishes_nor_writes_the_ledger(make_scheduler, published: Published,
-                                                            zk_client: KazooClient, zk_root: str) -> None:
+def test_a_follower_neither_publishes_nor_writes_the_ledger(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
     """While another candidate leads, tick() waits and returns 0, and nothing reaches the broker or ZooKeeper."""
     holder = LeaderElection(zk_client, f"{zk_root}/v1/election")
     holder.start()
@@ -92,8 +62,9 @@ def test_a_follower_neither_publishes_nor_writes_the_ledger(make_scheduler, publ
     wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
 
 
-def test_new_leader_trusts_the_ledger_over_its_own_memory(make_scheduler, published: Published,
-                                                          zk_client: KazooClient, zk_root: str) -> None:
+def test_new_leader_trusts_the_ledger_over_its_own_memory(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
     """An entry the previous leader just ran is not run again; one missed for two periods is caught up once."""
     now = datetime.now(timezone.utc)
     seed_ledger(zk_client, zk_root, "fresh", now - timedelta(seconds=1))
@@ -108,14 +79,15 @@ def test_new_leader_trusts_the_ledger_over_its_own_memory(make_scheduler, publis
     assert state.slot < now - timedelta(seconds=10), "the caught-up slot is the first one missed"
 
 
-def test_misfire_grace_time_skips_and_logs(make_scheduler, published: Published, zk_client: KazooClient,
-                                           zk_root: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_misfire_grace_time_skips_and_logs(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A tick later than zkbeat_misfire_grace_time is skipped and logged; a per-entry option overrides it."""
     long_ago = datetime.now(timezone.utc) - timedelta(seconds=100)
     seed_ledger(zk_client, zk_root, "stale", long_ago)
     seed_ledger(zk_client, zk_root, "patient", long_ago)
     scheduler = make_scheduler(
-        {"stale": every(10), "patient": every(10, zkbeat_misfire_grace_time=1000)},
+        {"stale": every(10), "patient": every(10, options={"zkbeat_misfire_grace_time": 1000})},
         zkbeat_misfire_grace_time=5,
     )
     lead(scheduler)
@@ -130,8 +102,9 @@ def test_misfire_grace_time_skips_and_logs(make_scheduler, published: Published,
     assert stale.last_run_at > long_ago + timedelta(seconds=90), "the skip is recorded so no leader replays it"
 
 
-def test_due_entries_are_claimed_in_one_transaction(make_scheduler, published: Published,
-                                                    zk_client: KazooClient, zk_root: str) -> None:
+def test_due_entries_are_claimed_in_one_transaction(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
     """200 entries due at once are recorded by a single ZooKeeper transaction (one zxid), then all published."""
     long_ago = datetime.now(timezone.utc) - timedelta(seconds=60)
     names = [f"job-{i:03d}" for i in range(200)]
@@ -148,9 +121,13 @@ def test_due_entries_are_claimed_in_one_transaction(make_scheduler, published: P
     assert len(zxids) == 1
 
 
-def test_zombie_is_stopped_by_the_fence_alone(make_scheduler, published: Published, zk_server: ZooKeeperServer,
-                                              monkeypatch: pytest.MonkeyPatch,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_zombie_is_stopped_by_the_fence_alone(
+    make_scheduler,
+    published: Published,
+    zk_server: ZooKeeperServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """With its listener held back (it still believes it leads), a leader whose session expired publishes nothing."""
     scheduler = make_scheduler({"tidy": every(0.2)})
     lead(scheduler)
@@ -164,8 +141,11 @@ def test_zombie_is_stopped_by_the_fence_alone(make_scheduler, published: Publish
     monkeypatch.setattr(election, "_reconcile", lambda: None)
     old_session = scheduler.zk_client.client_id
     expire_session_quietly(*old_session, zk_server.hosts)
-    wait_for(lambda: scheduler.zk_client.connected and scheduler.zk_client.client_id[0] != old_session[0],
-             timeout=20, message="kazoo reconnected with a new session")
+    wait_for(
+        lambda: scheduler.zk_client.connected and scheduler.zk_client.client_id[0] != old_session[0],
+        timeout=20,
+        message="kazoo reconnected with a new session",
+    )
     assert election.is_leader, "the test needs a replica that still believes it leads"
     with caplog.at_level(logging.WARNING, logger="zkbeat"):
         wait_for(lambda: scheduler.tick() is not None and not election.is_leader, timeout=10)
@@ -175,9 +155,9 @@ def test_zombie_is_stopped_by_the_fence_alone(make_scheduler, published: Publish
     assert any("fenced" in r.getMessage() for r in caplog.records)
 
 
-def test_a_message_the_broker_can_never_take_is_dropped_once(make_scheduler, published: Published,
-                                                             zk_client: KazooClient, zk_root: str,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_a_message_the_broker_can_never_take_is_dropped_once(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A tick whose arguments cannot be serialised is logged and counted as run, as celery beat does, not retried."""
     seed_ledger(zk_client, zk_root, "broken", datetime.now(timezone.utc) - timedelta(seconds=60))
     broken = every(30)
@@ -192,8 +172,9 @@ def test_a_message_the_broker_can_never_take_is_dropped_once(make_scheduler, pub
     assert scheduler.election.is_leader, "a refused message must not cost leadership"
 
 
-def test_an_unreachable_broker_withdraws_the_claim(make_scheduler, published: Published,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_broker_withdraws_the_claim(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """If the broker connection fails after the claim committed, the claim is withdrawn and the tick goes out later."""
     from kombu.exceptions import OperationalError
 
@@ -225,10 +206,11 @@ def test_close_hands_over_and_is_idempotent(make_scheduler, zk_client: KazooClie
     assert zk_client.exists(candidate) is None
 
 
-def test_unreachable_zookeeper_keeps_beat_alive_as_a_follower(make_scheduler, published: Published,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_unreachable_zookeeper_keeps_beat_alive_as_a_follower(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
     """With nothing listening at zkbeat_hosts, beat starts, logs where it connects, waits, and publishes nothing."""
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     hosts = f"127.0.0.1:{free_port()}"
     with caplog.at_level(logging.INFO, logger="zkbeat"):
@@ -296,8 +278,9 @@ def _claim_then_lose_the_reply(scheduler: Scheduler, monkeypatch: pytest.MonkeyP
     return committed
 
 
-def test_a_commit_whose_reply_was_lost_is_published_once(make_scheduler, published: Published,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_commit_whose_reply_was_lost_is_published_once(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A claim that committed while its reply was lost is published on the next leader pass: once, not never."""
     scheduler = make_scheduler({"tidy": every(0.5)})
     lead(scheduler)
@@ -310,8 +293,9 @@ def test_a_commit_whose_reply_was_lost_is_published_once(make_scheduler, publish
     assert len(slots) == len(set(slots))
 
 
-def test_a_claim_lost_before_commit_is_claimed_again(make_scheduler, published: Published,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_claim_lost_before_commit_is_claimed_again(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A claim whose request never committed is not published from memory; the tick is claimed afresh instead."""
     scheduler = make_scheduler({"tidy": every(0.5)})
     lead(scheduler)

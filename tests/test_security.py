@@ -17,7 +17,7 @@ import types
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -27,8 +27,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
 
-from tests.helpers import Published, lead, wait_for
-from tests.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
+from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.servers import JAVA_DIR, RedisServer, ZooKeeperServer, drop_connection, free_port, require_binary
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.cli import main as zkbeat_command
 from zkbeat.ledger import EntryState, decode_name, encode_state
@@ -48,40 +48,10 @@ LONG_AGO = datetime(2020, 1, 1, tzinfo=timezone.utc)
 # --------------------------------------------------------------------------
 
 
-
-
 def app_for(conf: dict) -> Celery:
     app = Celery("zkbeat-security", set_as_current=False)
     app.conf.update(conf)
     return app
-
-
-@pytest.fixture
-def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str,
-                   zk_client: KazooClient) -> Iterator:
-    """Build in-process Schedulers on the shared servers; closed after the test."""
-    made: list[Scheduler] = []
-    # The tests' common parent (/t) is everyone's: never let an ACL test be first to create it.
-    zk_client.ensure_path(zk_root.rsplit("/", 1)[0])
-
-    def make(entries: dict, **conf) -> Scheduler:
-        settings = {
-            "broker_url": redis_server.url,
-            "zkbeat_hosts": zk_server.hosts,
-            "zkbeat_root": zk_root,
-            "zkbeat_session_timeout": 4,
-            "zkbeat_identity": f"secure-{len(made)}",
-            "beat_max_loop_interval": 0.5,
-            "beat_schedule": entries,
-        }
-        settings.update(conf)
-        scheduler = Scheduler(app_for(settings))
-        made.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in made:
-        scheduler.close()
 
 
 def connect(hosts: str, auth: list[tuple[str, str]] | None = None) -> KazooClient:
@@ -110,11 +80,6 @@ def intruders(zk_server: ZooKeeperServer) -> Iterator[dict[str, KazooClient]]:
     for client in clients.values():
         client.stop()
         client.close()
-
-
-
-def every(seconds: float, **spec) -> dict:
-    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), **spec}
 
 
 def once(**spec) -> dict:
@@ -166,8 +131,9 @@ def output_of(result: Result) -> str:
 # --------------------------------------------------------------------------
 
 
-def test_digest_auth_leader_protects_every_znode_it_creates(make_scheduler, published: Published, owner: KazooClient,
-                                                            intruders: dict[str, KazooClient], zk_root: str) -> None:
+def test_digest_auth_leader_protects_every_znode_it_creates(
+    make_scheduler, published: Published, owner: KazooClient, intruders: dict[str, KazooClient], zk_root: str
+) -> None:
     """With zkbeat_auth, every znode under zkbeat_root carries one ACL, for that identity, and others get NoAuth."""
     root = f"{zk_root}/proj"
     scheduler = make_scheduler({"tidy": once()}, zkbeat_root=root, zkbeat_auth=AUTH)
@@ -206,10 +172,14 @@ def test_digest_auth_leader_protects_every_znode_it_creates(make_scheduler, publ
     assert scheduler.election.is_leader
 
 
-def test_ancestors_zkbeat_creates_let_other_apps_make_their_own_root(make_scheduler, published: Published,
-                                                                     owner: KazooClient, zk_root: str,
-                                                                     zk_server: ZooKeeperServer,
-                                                                     redis_server: RedisServer) -> None:
+def test_ancestors_zkbeat_creates_let_other_apps_make_their_own_root(
+    make_scheduler,
+    published: Published,
+    owner: KazooClient,
+    zk_root: str,
+    zk_server: ZooKeeperServer,
+    redis_server: RedisServer,
+) -> None:
     """An ancestor of zkbeat_root that zkbeat creates is the identity's, readable and creatable by all, nothing more."""
     scheduler = make_scheduler({"tidy": once()}, zkbeat_root=f"{zk_root}/proj", zkbeat_auth=AUTH)
     lead_and_publish(scheduler, published)
@@ -218,8 +188,12 @@ def test_ancestors_zkbeat_creates_let_other_apps_make_their_own_root(make_schedu
         [OWNER_ACL, ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))], key=str
     )
     # A second app with its own credential (or none) shares the ancestor, not the root.
-    other = make_scheduler({"report": once()}, zkbeat_root=f"{zk_root}/other",
-                           zkbeat_auth=[("digest", "other:pw")], zkbeat_identity="other-app")
+    other = make_scheduler(
+        {"report": once()},
+        zkbeat_root=f"{zk_root}/other",
+        zkbeat_auth=[("digest", "other:pw")],
+        zkbeat_identity="other-app",
+    )
     lead_and_publish(other, published, {"tidy", "report"})
     anonymous = make_scheduler({"open": once()}, zkbeat_root=f"{zk_root}/open", zkbeat_identity="open-app")
     lead_and_publish(anonymous, published, {"tidy", "report", "open"})
@@ -241,8 +215,12 @@ def test_zkbeat_command_reads_a_protected_root_with_the_apps_credentials(
     make_scheduler, published: Published, zk_server: ZooKeeperServer, zk_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`zkbeat -A app status/health/step-down` work on a protected root with its zkbeat_auth; others get NoAuth."""
-    conf = {"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "zkbeat_auth": AUTH,
-            "beat_schedule": {"tidy": once()}}
+    conf = {
+        "zkbeat_hosts": zk_server.hosts,
+        "zkbeat_root": zk_root,
+        "zkbeat_auth": AUTH,
+        "beat_schedule": {"tidy": once()},
+    }
     scheduler = make_scheduler({"tidy": once()}, zkbeat_auth=AUTH, zkbeat_identity="guarded-leader")
     lead_and_publish(scheduler, published)
     app = app_for(conf)
@@ -280,8 +258,9 @@ def test_zkbeat_command_reads_a_protected_root_with_the_apps_credentials(
 # --------------------------------------------------------------------------
 
 
-def test_secret_never_reaches_a_log_record(make_scheduler, published: Published,
-                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_secret_never_reaches_a_log_record(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
     """At DEBUG for zkbeat and kazoo, a scheduler that authenticates, leads, reconnects and closes logs no secret."""
     caplog.set_level(logging.DEBUG)
     for name in ("zkbeat", "kazoo"):
@@ -316,8 +295,9 @@ def test_secret_never_reaches_a_log_record(make_scheduler, published: Published,
     ],
     ids=["string", "one-pair", "no-user", "triple", "no-scheme", "other-setting", "missing-ca"],
 )
-def test_configuration_error_never_shows_the_secret(conf: dict, redis_server: RedisServer,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configuration_error_never_shows_the_secret(
+    conf: dict, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bad setting stops Scheduler() and `zkbeat -A` naming the setting; no message or traceback shows the secret."""
     app = app_for({"broker_url": redis_server.url, **conf})
     with pytest.raises(ConfigurationError) as info:
@@ -385,17 +365,54 @@ def make_pki(directory: Path) -> Pki:
 
     new_key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-config", str(config))
     for name in ("ca", "other-ca"):
-        run("req", "-x509", *new_key, "-extensions", "ca", "-days", "2", "-subj", f"/CN=zkbeat test {name}",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem")
+        run(
+            "req",
+            "-x509",
+            *new_key,
+            "-extensions",
+            "ca",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN=zkbeat test {name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.pem",
+        )
     for serial, name in enumerate(("server", "client"), 1):
-        run("req", "-new", *new_key, "-subj", f"/CN=zkbeat test {name}",
-            "-keyout", f"{name}.key", "-out", f"{name}.csr")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-set_serial", str(serial),
-            "-days", "2", "-extfile", str(config), "-extensions", "leaf", "-out", f"{name}.crt")
+        run(
+            "req", "-new", *new_key, "-subj", f"/CN=zkbeat test {name}", "-keyout", f"{name}.key", "-out", f"{name}.csr"
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            str(serial),
+            "-days",
+            "2",
+            "-extfile",
+            str(config),
+            "-extensions",
+            "leaf",
+            "-out",
+            f"{name}.crt",
+        )
     server_pem = directory / "server.pem"
     server_pem.write_text((directory / "server.key").read_text() + (directory / "server.crt").read_text())
-    return Pki(ca=directory / "ca.pem", server_pem=server_pem, client_cert=directory / "client.crt",
-               client_key=directory / "client.key", other_ca=directory / "other-ca.pem")
+    return Pki(
+        ca=directory / "ca.pem",
+        server_pem=server_pem,
+        client_cert=directory / "client.crt",
+        client_key=directory / "client.key",
+        other_ca=directory / "other-ca.pem",
+    )
 
 
 class TlsZooKeeperServer(ZooKeeperServer):
@@ -454,8 +471,9 @@ def tls_settings(pki: Pki, **overrides) -> dict:
     return {key: value for key, value in settings.items() if value is not None}
 
 
-def test_scheduler_leads_and_publishes_over_tls(make_scheduler, published: Published, pki: Pki,
-                                                tls_server: TlsZooKeeperServer) -> None:
+def test_scheduler_leads_and_publishes_over_tls(
+    make_scheduler, published: Published, pki: Pki, tls_server: TlsZooKeeperServer
+) -> None:
     """With zkbeat_use_ssl and the CA, cert and key, a scheduler leads and publishes through ZooKeeper's TLS port."""
     scheduler = make_scheduler({"tidy": once()}, zkbeat_hosts=tls_server.secure_hosts, **tls_settings(pki))
     lead_and_publish(scheduler, published)
@@ -475,10 +493,15 @@ def test_scheduler_leads_and_publishes_over_tls(make_scheduler, published: Publi
         ("name not in the server certificate", "Hostname mismatch"),
     ],
 )
-def test_scheduler_does_not_connect_over_a_bad_tls_setup(case: str, reason: str, make_scheduler,
-                                                         published: Published, pki: Pki,
-                                                         tls_server: TlsZooKeeperServer,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_scheduler_does_not_connect_over_a_bad_tls_setup(
+    case: str,
+    reason: str,
+    make_scheduler,
+    published: Published,
+    pki: Pki,
+    tls_server: TlsZooKeeperServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A scheduler that cannot complete TLS with the server never connects, stays a follower and publishes nothing."""
     hosts = tls_server.secure_hosts
     if case == "plain client":
@@ -524,8 +547,9 @@ def zk_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name.startswith("zkbeat") and r.levelno >= logging.WARNING]
 
 
-def test_root_owned_by_someone_else_is_logged_and_survived(make_scheduler, published: Published, mallory: KazooClient,
-                                                           zk_root: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_root_owned_by_someone_else_is_logged_and_survived(
+    make_scheduler, published: Published, mallory: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """NoAuth on the root: the scheduler says why, keeps contending without crashing, and leads once it may."""
     mallory.create(zk_root, b"mine", acl=[MALLORY_ACL], makepath=True)
     caplog.set_level(logging.DEBUG, logger="zkbeat")
@@ -546,9 +570,9 @@ def test_root_owned_by_someone_else_is_logged_and_survived(make_scheduler, publi
     assert set(published.entries()) == {"tidy"}
 
 
-def test_ledger_owned_by_someone_else_is_logged_and_survived(make_scheduler, published: Published,
-                                                             mallory: KazooClient, zk_root: str,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_ledger_owned_by_someone_else_is_logged_and_survived(
+    make_scheduler, published: Published, mallory: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """NoAuth on the ledger: the leader says where, publishes nothing, keeps contending, and publishes once allowed."""
     mallory.ensure_path(f"{zk_root}/v1")  # open to all, like a root zkbeat made without zkbeat_auth
     mallory.create(f"{zk_root}/v1/entries", b"", acl=[MALLORY_ACL])
@@ -566,8 +590,9 @@ def test_ledger_owned_by_someone_else_is_logged_and_survived(make_scheduler, pub
     lead_and_publish(scheduler, published)
 
 
-def test_entry_someone_else_made_read_only_is_survived(make_scheduler, published: Published, mallory: KazooClient,
-                                                       zk_root: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_entry_someone_else_made_read_only_is_survived(
+    make_scheduler, published: Published, mallory: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A ledger entry zkbeat may read but not write: each refused claim is logged with its name, no busy loop."""
     entries = f"{zk_root}/v1/entries"
     mallory.ensure_path(entries)
@@ -601,8 +626,13 @@ def test_entry_someone_else_made_read_only_is_survived(make_scheduler, published
 
 
 def test_garbage_candidates_are_shown_unreadable_and_the_election_goes_on(
-    make_scheduler, published: Published, zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    make_scheduler,
+    published: Published,
+    zk_server: ZooKeeperServer,
+    zk_client: KazooClient,
+    zk_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Candidates holding bytes, a JSON list or ill-typed fields show as unreadable/unknown; leaders still lead.
 
@@ -665,9 +695,14 @@ def test_garbage_candidates_are_shown_unreadable_and_the_election_goes_on(
 
 @pytest.mark.parametrize("case", ["missing", "foreign", "zookeeper"])
 @pytest.mark.parametrize("command", ["status", "health"])
-def test_a_root_that_is_not_zkbeats_is_refused_in_one_line(case: str, command: str, zk_server: ZooKeeperServer,
-                                                           zk_client: KazooClient, zk_root: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_root_that_is_not_zkbeats_is_refused_in_one_line(
+    case: str,
+    command: str,
+    zk_server: ZooKeeperServer,
+    zk_client: KazooClient,
+    zk_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`zkbeat status`/`health` on a path that is missing or holds something else exit 1 with a one-line reason."""
     root = {"missing": zk_root, "foreign": zk_root, "zookeeper": "/zookeeper"}[case]
     if case == "foreign":
@@ -694,9 +729,14 @@ HOSTILE_NAMES = [
 ]
 
 
-def test_hostile_entry_names_are_published_once_and_listed(make_scheduler, published: Published,
-                                                           owner: KazooClient, zk_server: ZooKeeperServer,
-                                                           zk_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_entry_names_are_published_once_and_listed(
+    make_scheduler,
+    published: Published,
+    owner: KazooClient,
+    zk_server: ZooKeeperServer,
+    zk_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Entry names with '/', '..', unicode, control characters or 1000 characters run once each and show in status."""
     schedule = {name: once() for name in HOSTILE_NAMES}
     scheduler = make_scheduler(schedule)

@@ -9,8 +9,8 @@ import pytest
 import redis
 from kazoo.client import KazooClient, KazooState
 
-from tests.helpers import wait_for
-from tests.servers import (
+from tests.support.helpers import wait_for
+from tests.support.servers import (
     RedisServer,
     ZooKeeperEnsemble,
     ZooKeeperServer,

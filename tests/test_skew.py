@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.accounting import account
-from tests.faults import candidates
-from tests.helpers import wait_for
-from tests.processes import Cluster
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.accounting import account
+from tests.support.faults import candidates
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 
@@ -54,8 +54,11 @@ def test_skewed_replicas_lead_in_line_order_and_publish_nothing_twice(
             cluster.add(faketime_env(skew))
             wait_for(lambda n=n: len(candidates(zk_client, zk_root)) == n, timeout=20, message=lambda: cluster.logs())
         for replica in cluster.replicas:
-            wait_for(lambda r=replica: len([p for p in cluster.publishes() if p.identity == r.identity]) >= 6,
-                     timeout=30, message=lambda: cluster.logs())
+            wait_for(
+                lambda r=replica: len([p for p in cluster.publishes() if p.identity == r.identity]) >= 6,
+                timeout=30,
+                message=lambda: cluster.logs(),
+            )
             replica.signal(signal.SIGTERM)
             assert replica.wait() == 0, replica.log()
         rows = cluster.publishes()

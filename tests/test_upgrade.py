@@ -11,64 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from celery import Celery
-from celery.signals import after_task_publish
 from kazoo.client import KazooClient
 
-from tests.accounting import account
-from tests.faults import candidates
-from tests.helpers import wait_for
-from tests.processes import Cluster
-from tests.servers import RedisServer, ZooKeeperServer
+from tests.support.accounting import account
+from tests.support.faults import candidates
+from tests.support.helpers import Published, every, wait_for
+from tests.support.processes import Cluster
+from tests.support.servers import RedisServer, ZooKeeperServer
 from zkbeat import LeaderElection, Scheduler
 from zkbeat import scheduler as scheduler_module
 from zkbeat.clock import measure_skew
 from zkbeat.peers import LAYOUT, schedule_hash
-
-
-@pytest.fixture
-def published() -> Iterator[list[dict]]:
-    sent: list[dict] = []
-
-    def receiver(headers=None, **kwargs) -> None:
-        sent.append(dict(headers or {}))
-
-    after_task_publish.connect(receiver, weak=False)
-    yield sent
-    after_task_publish.disconnect(receiver)
-
-
-@pytest.fixture
-def make_scheduler(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str) -> Iterator:
-    made: list[Scheduler] = []
-
-    def make(entries: dict, identity: str | None = None) -> Scheduler:
-        app = Celery("zkbeat-upgrade", set_as_current=False)
-        app.conf.update(
-            broker_url=redis_server.url,
-            zkbeat_hosts=zk_server.hosts,
-            zkbeat_root=zk_root,
-            zkbeat_session_timeout=4,
-            zkbeat_identity=identity or f"inproc-{len(made)}",
-            beat_max_loop_interval=0.5,
-            beat_schedule=entries,
-        )
-        scheduler = Scheduler(app)
-        made.append(scheduler)
-        return scheduler
-
-    yield make
-    for scheduler in made:
-        scheduler.close()
-
-
-def every(seconds: float, *args) -> dict:
-    return {"task": "zkbeat.test", "schedule": timedelta(seconds=seconds), "args": args}
 
 
 def own_candidate(client: KazooClient, scheduler: Scheduler) -> dict:
@@ -96,7 +52,7 @@ def test_candidate_data_says_its_layout_and_schedule_hash(make_scheduler, zk_cli
 
 
 def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
-    make_scheduler, zk_client: KazooClient, zk_root: str, published: list[dict], caplog, monkeypatch
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published, caplog, monkeypatch
 ) -> None:
     """With <root>/v2 present the elected replica publishes and records nothing, says why, and leads once it is gone."""
     monkeypatch.setattr(scheduler_module, "LAYOUT_RECHECK", 1.0)
@@ -105,37 +61,35 @@ def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
     with caplog.at_level(logging.ERROR, logger="zkbeat"):
         assert scheduler.election.wait_for_leadership(timeout=15)
         run_ticks(scheduler, 2.0)
-    assert published == []
+    assert published.headers == []
     assert zk_client.exists(f"{zk_root}/v1/entries/tidy") is None
     refusals = [r.getMessage() for r in caplog.records if "refusing to lead" in r.getMessage()]
     assert refusals and f"{zk_root}/v2" in refusals[0] and "newer zkbeat layout (v2)" in refusals[0]
     zk_client.delete(f"{zk_root}/v2", recursive=True)  # the rollback, done
-    wait_for(lambda: scheduler.tick() is not None and published, timeout=15)
+    wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=15)
     assert zk_client.exists(f"{zk_root}/v1/entries/tidy") is not None
 
 
 def test_a_leader_steps_aside_for_a_newer_release_in_its_line(
-    make_scheduler, zk_client: KazooClient, zk_root: str, published: list[dict]
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published
 ) -> None:
     """A candidate saying layout 2 joins the line: the leading replica stops publishing and the newer one leads."""
     scheduler = make_scheduler({"tidy": every(0.2)})
     assert scheduler.election.wait_for_leadership(timeout=15)
-    wait_for(lambda: scheduler.tick() is not None and published, timeout=10)
+    wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
     newer = LeaderElection(zk_client, scheduler.election.path, {"identity": "v2-replica", "layout": 2})
     newer.start()
     try:
         assert wait_for(lambda: scheduler.tick() is not None and newer.is_leader, timeout=15)
-        sent = len(published)
+        sent = len(published.headers)
         run_ticks(scheduler, 1.5)
-        assert len(published) == sent, "an older replica published beside a newer release"
+        assert len(published.headers) == sent, "an older replica published beside a newer release"
         assert not scheduler.election.is_leader
     finally:
         newer.close()
 
 
-def test_the_leader_reports_a_candidate_whose_schedule_differs(
-    make_scheduler, zk_client: KazooClient, caplog
-) -> None:
+def test_the_leader_reports_a_candidate_whose_schedule_differs(make_scheduler, zk_client: KazooClient, caplog) -> None:
     """A follower with another beat_schedule is named in the leader's log, once; one with the same is not."""
     leader = make_scheduler({"a": every(1)}, identity="old-config")
     assert leader.election.wait_for_leadership(timeout=15)

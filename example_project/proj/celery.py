@@ -1,7 +1,7 @@
 """The Celery app, configured from Django settings (``CELERY_*``, ``CELERY_ZKBEAT_*``).
 
-    celery -A proj worker
-    celery -A proj beat --scheduler zkbeat.DatabaseScheduler   # on 1, 3 or 10 replicas
+celery -A proj worker
+celery -A proj beat --scheduler zkbeat.DatabaseScheduler   # on 1, 3 or 10 replicas
 """
 
 import os

@@ -151,4 +151,3 @@ CELERY_ZKBEAT_SSL_KEY = os.environ.get("ZKBEAT_SSL_KEY") or None
 CELERY_ZKBEAT_METRICS_PORT = int(os.environ["ZKBEAT_METRICS_PORT"]) if os.environ.get("ZKBEAT_METRICS_PORT") else None
 # Address that port listens on.
 CELERY_ZKBEAT_METRICS_ADDRESS = os.environ.get("ZKBEAT_METRICS_ADDRESS", "0.0.0.0")
-

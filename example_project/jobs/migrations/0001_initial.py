@@ -5,55 +5,53 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AnalyticsSnapshot',
+            name="AnalyticsSnapshot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('taken_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('messages', models.PositiveIntegerField()),
-                ('active_sessions', models.PositiveIntegerField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("taken_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("messages", models.PositiveIntegerField()),
+                ("active_sessions", models.PositiveIntegerField()),
             ],
         ),
         migrations.CreateModel(
-            name='Broadcast',
+            name="Broadcast",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('subject', models.CharField(max_length=200)),
-                ('body', models.TextField(blank=True)),
-                ('send_at', models.DateTimeField()),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
-                ('times_sent', models.PositiveIntegerField(default=0)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("subject", models.CharField(max_length=200)),
+                ("body", models.TextField(blank=True)),
+                ("send_at", models.DateTimeField()),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
+                ("times_sent", models.PositiveIntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('body', models.TextField()),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("body", models.TextField()),
+                ("created_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
             ],
         ),
         migrations.CreateModel(
-            name='JobRun',
+            name="JobRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job', models.CharField(max_length=100)),
-                ('periodic_task', models.CharField(blank=True, max_length=200)),
-                ('slot', models.CharField(blank=True, max_length=64)),
-                ('epoch', models.BigIntegerField(null=True)),
-                ('task_id', models.CharField(max_length=64)),
-                ('ran_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('detail', models.CharField(blank=True, max_length=200)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("job", models.CharField(max_length=100)),
+                ("periodic_task", models.CharField(blank=True, max_length=200)),
+                ("slot", models.CharField(blank=True, max_length=64)),
+                ("epoch", models.BigIntegerField(null=True)),
+                ("task_id", models.CharField(max_length=64)),
+                ("ran_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("detail", models.CharField(blank=True, max_length=200)),
             ],
             options={
-                'indexes': [models.Index(fields=['periodic_task', 'slot'], name='jobs_jobrun_periodi_657774_idx')],
+                "indexes": [models.Index(fields=["periodic_task", "slot"], name="jobs_jobrun_periodi_657774_idx")],
             },
         ),
     ]

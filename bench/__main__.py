@@ -1,6 +1,6 @@
 """Start ZooKeeper and Redis, run every scenario, print one table, write JSON.
 
-``python -m tests.bench`` runs the full benchmark (about twenty minutes on
+``python -m bench`` runs the full benchmark (about twenty minutes on
 two cores); ``--quick`` a short version of every scenario (under two
 minutes) for building and debugging, with fewer trials and shorter windows.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from tests.bench import burst, crash, handover, punctuality, steady, swarm
-from tests.bench.context import Bench
-from tests.bench.stats import table
-from tests.servers import RedisServer, ZooKeeperServer
+from bench import burst, crash, handover, punctuality, steady, swarm
+from bench.context import Bench
+from bench.stats import table
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 SCENARIOS = {
     "handover": handover.run,
@@ -46,7 +46,7 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short version of every scenario (< 2 minutes)")
     parser.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
     parser.add_argument("--tick-time", type=int, default=2000, help="ZooKeeper tickTime in ms (default 2000)")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "mode": "quick" if args.quick else "full",
-        "command": "python -m tests.bench" + (" --quick" if args.quick else ""),
+        "command": "python -m bench" + (" --quick" if args.quick else ""),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "load_average_at_start": [round(x, 2) for x in load_before],
         "zookeeper_tick_time_ms": args.tick_time,

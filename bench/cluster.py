@@ -4,7 +4,12 @@ A :class:`Run` is one scenario's cluster of one flavour: its own zkbeat root
 or redbeat key prefix, its own folder for logs, publish records and the
 PersistentScheduler's shelve file. Leadership is read from each process's
 own log (zkbeat's ``became leader`` line, redbeat's ``Acquired lock``), whose
-lines carry ``%(created).6f`` timestamps (see ``tests/bench/app.py``).
+lines carry ``%(created).6f`` timestamps (see ``bench/app.py``).
+
+The scenarios wait with the tests' ``wait_for`` (``raise_on_timeout=False``:
+a trial that timed out is recorded, not fatal). Polling only decides when to
+look; every reported time comes from a timestamp a process wrote itself (a
+publish record or a log line).
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.processes import LoggedProcess
+from tests.support.processes import LoggedProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = re.compile(r"^\[(\d+\.\d+) (\d+) (\w+) ([\w.]+)\] (.*)$")
 BECAME_LEADER = re.compile(
     r"zkbeat: became leader \(epoch (\d+)\) as (\S+); ledger of (\d+) entries loaded in ([\d.]+) ms"
@@ -83,7 +88,7 @@ class Beat(LoggedProcess):
     def start(self) -> Beat:
         flavour = self.run.flavour
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.bench.app", "beat",
+            sys.executable, "-m", "celery", "-A", "bench.app", "beat",
             "--scheduler", flavour.scheduler, "--loglevel", "INFO",
             "-s", str(self.run.dir / f"{self.identity}-schedule"),
         ]  # fmt: skip
@@ -189,19 +194,3 @@ class Run:
 
     def __exit__(self, *exc: object) -> None:
         self.close(keep=any(exc))
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.005, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; None after ``timeout``.
-
-    Polling only decides when to look; every reported time comes from a
-    timestamp a process wrote itself (a publish record or a log line).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(interval)

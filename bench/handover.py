@@ -21,9 +21,9 @@ import uuid
 
 from kazoo.client import KazooClient
 
-from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ZKBEAT, Flavour
-from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_settled, wait_started
-from tests.bench.stats import Row, Sample
+from bench.cluster import REDBEAT, REDBEAT_TUNED, ZKBEAT, Flavour
+from bench.context import Bench, takeover_after, wait_leader_publishing, wait_settled, wait_started
+from bench.stats import Row, Sample
 
 ENTRIES = [{"name": "tick", "every": 1}]
 

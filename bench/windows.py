@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.bench.cluster import Flavour, Run
-from tests.bench.context import Bench, wait_started
+from bench.cluster import Flavour, Run
+from bench.context import Bench, wait_started
 
 Snapshot = Callable[[Run], Any]
 Measure = Callable[[Run, Any, float], Any]

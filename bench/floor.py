@@ -1,6 +1,6 @@
 """The crash floor: a bare kazoo client holding one ephemeral znode.
 
-Run as ``python -m tests.bench.floor HOSTS PATH SESSION_TIMEOUT``. It prints
+Run as ``python -m bench.floor HOSTS PATH SESSION_TIMEOUT``. It prints
 ``ready <session id>`` once the znode exists, then answers each ``touch`` line
 on stdin with one request (so its session was last heard from at a known
 moment) and ``touched``. The harness kills it with SIGKILL next to a zkbeat

@@ -5,7 +5,7 @@ session, and ZooKeeper expires sessions in tickTime buckets. So each trial
 kills two processes at the same instant on the same ZooKeeper: the zkbeat
 leader, right after it published (its session was just heard from), and a
 bare kazoo client holding an ephemeral znode, right after one request of its
-own (``tests/bench/floor.py``). The floor is when a watcher hears that znode
+own (``bench/floor.py``). The floor is when a watcher hears that znode
 is gone; zkbeat's takeover is its new leader's log line; the difference is
 what zkbeat adds. redbeat's failover is bounded by its lock timeout instead.
 """
@@ -23,9 +23,9 @@ import uuid
 
 from kazoo.protocol.states import EventType
 
-from tests.bench.cluster import REDBEAT, REDBEAT_TUNED, ROOT, ZKBEAT, Flavour, Run
-from tests.bench.context import Bench, takeover_after, wait_leader_publishing, wait_settled, wait_started
-from tests.bench.stats import Row, Sample
+from bench.cluster import REDBEAT, REDBEAT_TUNED, ROOT, ZKBEAT, Flavour, Run
+from bench.context import Bench, takeover_after, wait_leader_publishing, wait_settled, wait_started
+from bench.stats import Row, Sample
 
 ENTRIES = [{"name": "tick", "every": 1}]
 
@@ -36,7 +36,7 @@ class Floor:
     def __init__(self, bench: Bench, session_timeout: float) -> None:
         self.path = f"/zkbench/floor/{uuid.uuid4().hex}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.floor", bench.zk.hosts, self.path, str(session_timeout)],
+            [sys.executable, "-m", "bench.floor", bench.zk.hosts, self.path, str(session_timeout)],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip

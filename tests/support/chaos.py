@@ -1,6 +1,6 @@
 """The chaos soak: 3 replicas, 20 entries at 1 s, a random fault every 20-60 s.
 
-    python -m tests.chaos --duration 1800        # what `make chaos DURATION=1800` runs
+    python -m tests.support.chaos --duration 1800        # what `make chaos DURATION=1800` runs
 
 It starts its own servers on loopback ports (a 3-member ZooKeeper ensemble,
 a Redis broker, and a second Redis that keeps the record, so a broker restart
@@ -9,7 +9,7 @@ injects faults into whoever leads: kill -9, SIGTERM, SIGSTOP past the session
 timeout, a ZooKeeper member restart, a broker restart. Faults come in
 shuffled rounds (each kind once before any repeats), so even a short run
 sees every kind. At the end the replicas are stopped gracefully and the
-accounting (tests/accounting.py) is printed; the exit status is 0 only if
+accounting (tests/support/accounting.py) is printed; the exit status is 0 only if
 nothing was published twice and nothing was lost that a kill -9 in the
 middle of a send does not explain (zkbeat's documented at-most-once window).
 """
@@ -30,10 +30,11 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from tests.accounting import Report, account, logged_skips
-from tests.faults import leader_session, ledger_slots, member_holding
-from tests.processes import Cluster, Replica
-from tests.servers import RedisServer, ZooKeeperEnsemble
+from tests.support.accounting import Report, account, logged_skips
+from tests.support.faults import leader_session, ledger_slots, member_holding
+from tests.support.helpers import wait_for
+from tests.support.processes import Cluster, Replica
+from tests.support.servers import RedisServer, ZooKeeperEnsemble
 
 __all__ = ["Soak", "run"]
 
@@ -114,7 +115,7 @@ def run(
         driver = _Driver(cluster, ensemble, broker, client, rng, say)
         try:
             cluster.start()
-            _wait(lambda: len(cluster.publishes()) >= entries, 60)
+            wait_for(lambda: len(cluster.publishes()) >= entries, 60, 0.1, message="chaos: nothing published")
             started = time.time()
             say(f"chaos: {replicas} replicas, {entries} entries at 1 s, logs in {log_dir}")
             deadline = time.monotonic() + duration
@@ -136,7 +137,7 @@ def run(
                         replica.wait(30)
                     except Exception:  # noqa: BLE001 - report it, never hang the soak
                         unexpected.append(f"{replica.identity} (did not stop on SIGTERM)")
-            _wait(lambda: client.connected, 30)
+            wait_for(lambda: client.connected, 30, 0.1, message="chaos: the accounting client is not connected")
             skips = logged_skips([r.log() for r in cluster.replicas])
             report = account(
                 cluster.publishes(),
@@ -234,16 +235,8 @@ class _Driver:
         return f"Redis down {down:.1f}s"
 
 
-def _wait(predicate: Callable[[], object], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"chaos: not ready after {timeout}s")
-        time.sleep(0.1)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.support.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=180.0, help="seconds of faults (default 180)")
     parser.add_argument("--entries", type=int, default=20)
     parser.add_argument("--replicas", type=int, default=3)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.servers import four_letter
+from tests.support.servers import four_letter
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from tests.bench.cluster import FLAVOURS, Run
-from tests.bench.context import Bench, wait_leader_publishing
-from tests.bench.stats import Row, Sample
-from tests.bench.windows import run_windows
+from bench.cluster import FLAVOURS, Run
+from bench.context import Bench, wait_leader_publishing
+from bench.stats import Row, Sample
+from bench.windows import run_windows
 
 INTERVAL = 1.0
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 
-from tests.bench import probes
-from tests.bench.cluster import Beat, Flavour, Run, wait_for
-from tests.servers import RedisServer, ZooKeeperServer
+from bench import probes
+from bench.cluster import Beat, Flavour, Run
+from tests.support.helpers import wait_for
+from tests.support.servers import RedisServer, ZooKeeperServer
 
 
 @dataclass
@@ -36,7 +37,8 @@ class Bench:
 
 def wait_started(beats: list[Beat], timeout: float = 60) -> bool:
     """Every process has its scheduler up ("beat: Starting..." is logged)."""
-    return bool(wait_for(lambda: all(b.events("beat: Starting...") for b in beats), timeout, 0.05))
+    started = wait_for(lambda: all(b.events("beat: Starting...") for b in beats), timeout, 0.05, raise_on_timeout=False)
+    return bool(started)
 
 
 def wait_settled(beat: Beat, timeout: float = 60) -> bool:
@@ -69,7 +71,7 @@ def wait_leader_publishing(run: Run, entry: str, after: float, timeout: float = 
         mine = [p for p in run.publishes() if p.pid == leader.pid and p.entry == entry and p.at > after]
         return (leader, mine[-1]) if mine else None
 
-    return wait_for(found, timeout, 0.005)
+    return wait_for(found, timeout, 0.005, raise_on_timeout=False)
 
 
 def first_publish_by_other(run: Run, pid: int, after: float):
@@ -88,6 +90,8 @@ def leader_event_by_other(run: Run, pid: int, after: float):
 
 def takeover_after(run: Run, pid: int, t0: float, cap: float, publish_cap: float = 5.0):
     """(first leadership line, first publish) by a process other than ``pid`` after ``t0``; None where none came."""
-    event = wait_for(lambda: leader_event_by_other(run, pid, t0), cap, 0.005)
-    publish = wait_for(lambda: first_publish_by_other(run, pid, t0), publish_cap if event else 0.1, 0.005)
+    event = wait_for(lambda: leader_event_by_other(run, pid, t0), cap, 0.005, raise_on_timeout=False)
+    publish = wait_for(
+        lambda: first_publish_by_other(run, pid, t0), publish_cap if event else 0.1, 0.005, raise_on_timeout=False
+    )
     return event, publish

@@ -4,7 +4,7 @@ The project under test is example_project/: the pytest process configures
 Django with its settings on a PostgreSQL database of its own (created here,
 dropped afterwards), so tests change the schedule through the ORM as the admin
 does, while beat replicas are real ``celery beat`` processes of the same
-project on the same database (``-A tests.djangobeat``).
+project on the same database (``-A tests.support.djangobeat``).
 
 PostgreSQL is a system service, not started here: ``ZKBEAT_TEST_POSTGRES``
 (default ``postgres://postgres@127.0.0.1:5432``). If it cannot be reached the
@@ -18,7 +18,6 @@ identity, so a test can name every process that wrote.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from tests.processes import ROOT, Publish, Replica
+from tests.support.processes import ROOT, Publish, Replica, read_publishes
 
 EXAMPLE_PROJECT = ROOT / "example_project"
 POSTGRES_URL = os.environ.get("ZKBEAT_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
@@ -198,12 +197,12 @@ def one_off_task(name: str, at: datetime | None = None, task: str = "jobs.expire
 
 
 class DjangoReplica(Replica):
-    """``celery beat`` of the example project with zkbeat.DatabaseScheduler (via tests.djangobeat)."""
+    """``celery beat`` of the example project with zkbeat.DatabaseScheduler (via tests.support.djangobeat)."""
 
     def start(self, extra_env: dict[str, str] | None = None) -> DjangoReplica:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.djangobeat", "beat",
+            [sys.executable, "-m", "celery", "-A", "tests.support.djangobeat", "beat",
              "--scheduler", "zkbeat.DatabaseScheduler", "--loglevel", "INFO"],
             cwd=ROOT,
             env={
@@ -235,7 +234,6 @@ def replica_env(*, database_url: str, zk_hosts: str, broker: str, root: str, rec
     }
 
 
-
 def periodic_task(name: str):
     """The task's row as it is in the database now."""
     from django_celery_beat.models import PeriodicTask
@@ -251,6 +249,7 @@ class DjangoCluster:
         self.log_dir = log_dir
         self.redis = redis.Redis.from_url(env["CELERY_BROKER_URL"])
         self.record_key = env["ZKBEAT_TEST_RECORD_KEY"]
+        self.root = env["ZKBEAT_ROOT"]
         self.replicas: list[DjangoReplica] = []
         for _ in range(n):
             self._new()
@@ -273,13 +272,7 @@ class DjangoCluster:
             replica.stop()
 
     def publishes(self, entry: str | None = None) -> list[Publish]:
-        rows = [json.loads(raw) for raw in self.redis.lrange(self.record_key, 0, -1)]
-        found = [
-            Publish(r["entry"], datetime.fromisoformat(r["slot"]), r["epoch"], r["pid"], r["identity"], r["at"],
-                    r["task_id"])
-            for r in rows
-        ]  # fmt: skip
-        return [p for p in found if entry is None or p.entry == entry]
+        return [p for p in read_publishes(self.redis, self.record_key) if entry is None or p.entry == entry]
 
     def replica(self, pid: int) -> DjangoReplica:
         return next(r for r in self.replicas if r.pid == pid)

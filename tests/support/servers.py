@@ -30,6 +30,8 @@ from typing import TypeVar
 
 from kazoo.client import KazooClient, KazooState
 
+from tests.support.helpers import wait_for
+
 JAVA_DIR = Path("/usr/share/java")
 ZOOKEEPER_JAR = JAVA_DIR / "zookeeper.jar"
 # zookeeper.jar's manifest Class-Path already names Debian's jute, netty,
@@ -110,17 +112,6 @@ def _close_leftovers() -> None:
         server.close()
 
 
-def _poll(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` elapses."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-
-
 class _ServerProcess:
     """A server process living in a private temp dir, with its log in a file."""
 
@@ -175,7 +166,7 @@ class _ServerProcess:
 
     def wait_ready(self, timeout: float = 30) -> None:
         """Block until the server serves, or raise with the tail of its log."""
-        if not _poll(lambda: not self.running or self._ready(), timeout):
+        if not wait_for(lambda: not self.running or self._ready(), timeout, 0.05, raise_on_timeout=False):
             raise RuntimeError(f"{self!r} not ready after {timeout}s\n{self.log_tail()}")
         if not self.running:
             raise RuntimeError(f"{self!r} exited during start\n{self.log_tail()}")
@@ -399,7 +390,7 @@ class ZooKeeperEnsemble:
             found[:] = [m for m in self.members if m.running and m.mode == "leader"]
             return len(found) == 1
 
-        if not _poll(one_leader, timeout):
+        if not wait_for(one_leader, timeout, 0.05, raise_on_timeout=False):
             modes = {m.myid: m.mode for m in self.members}
             raise RuntimeError(f"{self!r} has no single leader after {timeout}s: {modes}")
         return found[0]

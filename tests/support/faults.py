@@ -14,7 +14,7 @@ from datetime import datetime
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from tests.servers import ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.servers import ZooKeeperEnsemble, ZooKeeperServer
 from zkbeat.election import sorted_candidates
 from zkbeat.ledger import LAYOUT_VERSION, Ledger
 

@@ -100,9 +100,7 @@ class Row:
             return None
 
     def best_competitor(self) -> tuple[str, Sample] | None:
-        competitors = [
-            (key, sample) for key, sample in self.values.items() if key != "zkbeat" and sample.values
-        ]
+        competitors = [(key, sample) for key, sample in self.values.items() if key != "zkbeat" and sample.values]
         finite = [(key, s) for key, s in competitors if not math.isnan(s.median)]
         if not finite:
             return None

@@ -17,9 +17,10 @@ import math
 import signal
 import time
 
-from tests.bench.cluster import BECAME_LEADER, FLAVOURS, ZKBEAT, Flavour, Run, wait_for
-from tests.bench.context import Bench, takeover_after, wait_settled, wait_started
-from tests.bench.stats import Row, Sample
+from bench.cluster import BECAME_LEADER, FLAVOURS, ZKBEAT, Flavour, Run
+from bench.context import Bench, takeover_after, wait_settled, wait_started
+from bench.stats import Row, Sample
+from tests.support.helpers import wait_for
 
 #: Seconds a burst may take; celery beat's own tick is O(entries) per publish.
 CAP = 600.0
@@ -34,7 +35,7 @@ def _burst(bench: Bench, flavour: Flavour, n: int, lead: float, cap: float, samp
     due = time.time() + lead
     run = bench.run(flavour, [{"name": "burst", "count": n, "every": 3600, "first_due": due}])
     run.start()
-    done = wait_for(lambda: _distinct(run) >= n, lead + cap, 0.2)
+    done = wait_for(lambda: _distinct(run) >= n, lead + cap, 0.2, raise_on_timeout=False)
     rows = [p for p in run.publishes() if p.entry.startswith("burst-")]
     firsts = sorted({p.entry: p.at for p in reversed(rows)}.values())
     leader = run.leader()
@@ -58,7 +59,7 @@ def _takeovers(bench: Bench, run: Run, trials: int) -> tuple[Sample, Sample]:
     with run:
         wait_started(run.beats)
         for _ in range(trials):
-            leader = wait_for(run.leader, 30)
+            leader = wait_for(run.leader, 30, 0.005, raise_on_timeout=False)
             if leader is None:
                 break
             t0 = time.time()

@@ -1,6 +1,6 @@
-"""Real ``celery beat`` replicas for the process tests, and the accounting.
+"""Real ``celery beat`` replicas for the process tests, and the record of what they published.
 
-A replica is a separate ``celery -A tests.beatapp beat --scheduler
+A replica is a separate ``celery -A tests.support.beatapp beat --scheduler
 zkbeat.Scheduler`` process; tests send it real signals (SIGKILL, SIGTERM,
 SIGSTOP/SIGCONT) and read what every replica published from Redis.
 """
@@ -13,14 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-from collections import Counter, defaultdict
+import time
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+#: Seconds; with tickTime 500 ms the server sees a dead replica's session end after ~2-2.5 s.
+SESSION = 2.0
+#: What the process tests' replicas run unless a test says otherwise: {entry: interval in seconds}.
+ENTRIES = {"alpha": 1, "beta": 1, "gamma": 1}
 
 
 @dataclass
@@ -32,6 +37,43 @@ class Publish:
     identity: str
     at: float
     task_id: str
+
+
+def record_publishes(url: str, key: str, identity: str | None) -> None:
+    """In a beat replica: append every message it hands to the broker to the Redis list ``key``.
+
+    ``after_task_publish`` fires once the message is with the broker, which is
+    what the tests count; :func:`read_publishes` reads the list back.
+    """
+    from celery.signals import after_task_publish
+
+    client = redis.Redis.from_url(url)
+
+    def record(headers=None, **kwargs) -> None:
+        headers = headers or {}
+        row = {
+            "entry": headers.get("zkbeat-entry"),
+            "slot": headers.get("zkbeat-slot"),
+            "epoch": headers.get("zkbeat-epoch"),
+            "task_id": headers.get("id"),
+            "pid": os.getpid(),
+            "identity": identity,
+            "at": time.time(),
+        }
+        client.rpush(key, json.dumps(row))
+
+    after_task_publish.connect(record, weak=False)
+
+
+def read_publishes(client: redis.Redis, key: str) -> list[Publish]:
+    """What the replicas recorded under ``key`` (:func:`record_publishes`), in publish order."""
+    rows = [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+    return [
+        Publish(
+            r["entry"], datetime.fromisoformat(r["slot"]), r["epoch"], r["pid"], r["identity"], r["at"], r["task_id"]
+        )
+        for r in rows
+    ]
 
 
 class LoggedProcess:
@@ -81,7 +123,7 @@ class Replica(LoggedProcess):
 
     def start(self, extra_env: dict[str, str] | None = None) -> Replica:
         self.spawn(
-            [sys.executable, "-m", "celery", "-A", "tests.beatapp", "beat", "--scheduler", "zkbeat.Scheduler",
+            [sys.executable, "-m", "celery", "-A", "tests.support.beatapp", "beat", "--scheduler", "zkbeat.Scheduler",
              "--loglevel", "INFO"],
             cwd=ROOT,
             env={**os.environ, **self._env, **(extra_env or {}), "PYTHONPATH": str(ROOT)},
@@ -120,7 +162,7 @@ class Cluster:
         root: str,
         schedule: dict[str, float],
         log_dir: Path,
-        session_timeout: float = 2.0,
+        session_timeout: float = SESSION,
         extra_env: dict[str, str] | None = None,
         record_url: str | None = None,
     ) -> None:
@@ -159,19 +201,7 @@ class Cluster:
             replica.stop()
 
     def publishes(self) -> list[Publish]:
-        rows = [json.loads(raw) for raw in self.redis.lrange(self.record_key, 0, -1)]
-        return [
-            Publish(
-                r["entry"],
-                datetime.fromisoformat(r["slot"]),
-                r["epoch"],
-                r["pid"],
-                r["identity"],
-                r["at"],
-                r["task_id"],
-            )
-            for r in rows
-        ]
+        return read_publishes(self.redis, self.record_key)
 
     def leader(self) -> Replica | None:
         """The replica that published last (the one leading now, if any)."""
@@ -183,12 +213,6 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"===== {r.identity} =====\n{r.log()[-6000:]}" for r in self.replicas)
-
-
-def duplicates(publishes: list[Publish]) -> list[tuple[str, datetime]]:
-    """(entry, slot) pairs published more than once."""
-    counts = Counter((p.entry, p.slot) for p in publishes)
-    return [key for key, n in counts.items() if n > 1]
 
 
 def too_close(publishes: list[Publish], interval: float, fraction: float = 0.5) -> list[tuple[str, float]]:
@@ -203,17 +227,6 @@ def too_close(publishes: list[Publish], interval: float, fraction: float = 0.5) 
             gap = (b - a).total_seconds()
             if gap < interval * fraction:
                 found.append((entry, gap))
-    return found
-
-
-def gaps(publishes: list[Publish], interval: float, allowance: float) -> list[tuple[str, datetime, float]]:
-    """Places where an entry went longer than ``interval + allowance`` between slots."""
-    found = []
-    for entry, slots in slots_by_entry(publishes).items():
-        for a, b in zip(slots, slots[1:]):
-            gap = (b - a).total_seconds()
-            if gap > interval + allowance:
-                found.append((entry, a, gap))
     return found
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from datetime import timedelta
 
-import redis
 from celery import Celery
 from celery.schedules import schedule
-from celery.signals import after_task_publish, before_task_publish
+from celery.signals import before_task_publish
+
+from tests.support.processes import record_publishes
 
 
 class RaisingSchedule(schedule):
@@ -60,8 +60,11 @@ if os.environ.get("ZKBEAT_TEST_MISFIRE") is not None:
 
 # The record may live in another Redis than the broker, so that a test can
 # stop the broker and still count what was published around the outage.
-_recorder = redis.Redis.from_url(os.environ.get("ZKBEAT_TEST_RECORD_URL") or os.environ["ZKBEAT_TEST_BROKER"])
-RECORD_KEY = os.environ.get("ZKBEAT_TEST_RECORD_KEY", "zkbeat-test:publishes")
+record_publishes(
+    os.environ.get("ZKBEAT_TEST_RECORD_URL") or os.environ["ZKBEAT_TEST_BROKER"],
+    os.environ.get("ZKBEAT_TEST_RECORD_KEY", "zkbeat-test:publishes"),
+    os.environ.get("ZKBEAT_TEST_IDENTITY"),
+)
 _sigterm_on_publish = [os.environ.get("ZKBEAT_TEST_SIGTERM_ON_PUBLISH") == "1"]
 
 
@@ -76,22 +79,3 @@ def _sigterm_mid_publish(headers=None, **kwargs) -> None:
     if _sigterm_on_publish[0] and headers and headers.get("zkbeat-entry"):
         _sigterm_on_publish[0] = False
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-@after_task_publish.connect
-def _record_publish(headers=None, **kwargs) -> None:
-    headers = headers or {}
-    _recorder.rpush(
-        RECORD_KEY,
-        json.dumps(
-            {
-                "entry": headers.get("zkbeat-entry"),
-                "slot": headers.get("zkbeat-slot"),
-                "epoch": headers.get("zkbeat-epoch"),
-                "task_id": headers.get("id"),
-                "pid": os.getpid(),
-                "identity": os.environ.get("ZKBEAT_TEST_IDENTITY"),
-                "at": time.time(),
-            }
-        ),
-    )

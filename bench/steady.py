@@ -15,19 +15,20 @@ from __future__ import annotations
 import json
 import time
 
-from tests.bench import probes
-from tests.bench.cluster import FLAVOURS, ZKBEAT, Run, wait_for
-from tests.bench.context import Bench
-from tests.bench.crash import Floor
-from tests.bench.stats import Row, Sample
-from tests.bench.windows import run_windows
+from bench import probes
+from bench.cluster import FLAVOURS, ZKBEAT, Run
+from bench.context import Bench
+from bench.crash import Floor
+from bench.stats import Row, Sample
+from bench.windows import run_windows
+from tests.support.helpers import wait_for
 from zkbeat.ledger import Ledger
 
 COUNT = 1000
 
 
 def _settle(run: Run) -> None:
-    wait_for(lambda: len(run.publishes()) >= COUNT, 120, 0.1)
+    wait_for(lambda: len(run.publishes()) >= COUNT, 120, 0.1, raise_on_timeout=False)
 
 
 def _sessions(bench: Bench, run: Run) -> dict[str, int]:
@@ -46,7 +47,11 @@ def _quiet(run: Run, every: float) -> None:
     Without it a claim committed just before the ledger is read and published
     just after the records are read counts as a write without its publish.
     """
-    wait_for(lambda: time.time() - max((p.at for p in run.publishes()), default=0) > 0.3, every * 2, 0.05)
+
+    def quiet() -> bool:
+        return time.time() - max((p.at for p in run.publishes()), default=0) > 0.3
+
+    wait_for(quiet, every * 2, 0.05, raise_on_timeout=False)
 
 
 def zookeeper_requests(run: Run, pid: int) -> int:
@@ -166,8 +171,13 @@ def run(bench: Bench) -> list[Row]:
             check=lambda row: row.values["zkbeat"].median <= 1,
             digits=3,
         ),
-        Row(scenario, "ZooKeeper transactions per publish", "per publish",
-            {"zkbeat": Sample([zk.get("txn_per_publish", float("nan"))])}, digits=4),  # fmt: skip
+        Row(
+            scenario,
+            "ZooKeeper transactions per publish",
+            "per publish",
+            {"zkbeat": Sample([zk.get("txn_per_publish", float("nan"))])},
+            digits=4,
+        ),  # fmt: skip
         Row(
             f"idle follower, {duration:g} s",
             "CPU (each follower)",

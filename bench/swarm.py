@@ -15,10 +15,11 @@ from __future__ import annotations
 import signal
 import time
 
-from tests.bench.cluster import PLAIN, ZKBEAT, Run, wait_for
-from tests.bench.context import Bench, takeover_after
-from tests.bench.stats import Row, Sample
-from tests.bench.steady import zookeeper_requests
+from bench.cluster import PLAIN, ZKBEAT, Run
+from bench.context import Bench, takeover_after
+from bench.stats import Row, Sample
+from bench.steady import zookeeper_requests
+from tests.support.helpers import wait_for
 
 JOINED = "zkbeat: joining the election"
 
@@ -28,7 +29,7 @@ def _entries() -> list[dict]:
 
 
 def _first_publish(run: Run, timeout: float = 120):
-    return wait_for(lambda: (run.publishes() or [None])[0], timeout, 0.01)
+    return wait_for(lambda: (run.publishes() or [None])[0], timeout, 0.01, raise_on_timeout=False)
 
 
 def run(bench: Bench) -> list[Row]:
@@ -44,14 +45,18 @@ def run(bench: Bench) -> list[Row]:
     with run:
         run.start(n)
         first = _first_publish(run)
-        joined = wait_for(lambda: all(b.events(JOINED) for b in run.beats) and run.beats, 180, 0.1)
+        joined = wait_for(
+            lambda: all(b.events(JOINED) for b in run.beats) and run.beats, 180, 0.1, raise_on_timeout=False
+        )
         last_launch = max(b.started_at for b in run.beats)
         last_joined = max(b.events(JOINED)[0].at for b in run.beats) if joined else float("nan")
         bench.say(f"  first publish {first.at - last_launch:.2f} s after the last launch, "
                   f"{first.at - last_joined:.2f} s after the last scheduler came up")  # fmt: skip
         # Let every follower finish joining (its requests stop), then count.
-        wait_for(lambda: len(bench.client.get_children(f"{run.root}/v1/election")) == n, 60, 0.1)
-        leader = wait_for(run.leader, 30)
+        wait_for(
+            lambda: len(bench.client.get_children(f"{run.root}/v1/election")) == n, 60, 0.1, raise_on_timeout=False
+        )
+        leader = wait_for(run.leader, 30, 0.005, raise_on_timeout=False)
         time.sleep(1.0)  # settle: not a measurement
         before = {b.pid: zookeeper_requests(run, b.pid) for b in run.alive()}
         t0 = time.time()
@@ -64,8 +69,13 @@ def run(bench: Bench) -> list[Row]:
                   f"({', '.join(b.identity for b in woken)}); new leader {new_leader}")  # fmt: skip
     scenario = f"{n} replicas started together"
     return [
-        Row(scenario, "launch → first publish: 1 celery beat alone / zkbeat from the last launch", "s",
-            {"plain": Sample([plain_launch]), "zkbeat": Sample([first.at - last_launch])}, digits=2),  # fmt: skip
+        Row(
+            scenario,
+            "launch → first publish: 1 celery beat alone / zkbeat from the last launch",
+            "s",
+            {"plain": Sample([plain_launch]), "zkbeat": Sample([first.at - last_launch])},
+            digits=2,
+        ),  # fmt: skip
         Row(
             scenario,
             "first publish after the last replica's scheduler came up (negative: before it)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery.signals import after_task_publish
@@ -16,12 +17,16 @@ def wait_for(
     timeout: float = 10,
     interval: float = 0.02,
     message: str | Callable[[], str] | None = None,
-) -> T:
+    *,
+    raise_on_timeout: bool = True,
+) -> T | None:
     """Poll ``predicate`` until it returns something truthy, and return that.
 
     Raises AssertionError with ``message`` (a string, or a callable evaluated
     at failure time so it can describe the latest state) after ``timeout``
     seconds.  Exceptions raised by the predicate propagate immediately.
+    With ``raise_on_timeout=False`` it returns None at the deadline instead:
+    the bench records a trial that timed out rather than failing the run.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -29,24 +34,59 @@ def wait_for(
         if result:
             return result
         if time.monotonic() >= deadline:
+            if not raise_on_timeout:
+                return None
             text = message() if callable(message) else message
             what = text or getattr(predicate, "__name__", repr(predicate))
             raise AssertionError(f"timed out after {timeout}s: {what}")
         time.sleep(interval)
 
 
+def every(seconds: float, *args: Any, options: dict | None = None, **fields: Any) -> dict:
+    """A ``beat_schedule`` entry of the test task every ``seconds``.
+
+    ``args`` are the task's arguments, ``options`` its message options (such
+    as ``zkbeat_misfire_grace_time``), and any other field (``last_run_at``,
+    ``kwargs``, ...) goes into the entry as given.
+    """
+    return {
+        "task": "zkbeat.test",
+        "schedule": timedelta(seconds=seconds),
+        "args": args,
+        "options": options or {},
+        **fields,
+    }
+
+
 class Published:
-    """Messages handed to the broker by this process (after_task_publish)."""
+    """Messages handed to the broker by this process (after_task_publish).
+
+    ``headers`` holds each message's headers and ``args`` its positional
+    arguments, in publish order; ``rows`` pairs them as (entry, slot, args).
+    """
 
     def __init__(self) -> None:
         self.headers: list[dict] = []
+        self.args: list[list] = []
         after_task_publish.connect(self._record, weak=False)
 
-    def _record(self, headers=None, **kwargs) -> None:
+    def _record(self, headers=None, body=None, **kwargs) -> None:
         self.headers.append(dict(headers or {}))
+        self.args.append(list(body[0]) if isinstance(body, (tuple, list)) and body else [])
 
     def entries(self) -> list[str]:
         return [h.get("zkbeat-entry") for h in self.headers]
+
+    @property
+    def rows(self) -> list[tuple[str, str, list]]:
+        """(entry, slot, args) of every message, in publish order."""
+        return [(h.get("zkbeat-entry"), h.get("zkbeat-slot"), a) for h, a in zip(self.headers, self.args)]
+
+    def of(self, entry: str) -> list[tuple[str, str, list]]:
+        return [row for row in self.rows if row[0] == entry]
+
+    def count(self, entry: str) -> int:
+        return self.entries().count(entry)
 
     def close(self) -> None:
         after_task_publish.disconnect(self._record)
