@@ -89,6 +89,7 @@ def _record_publish(headers=None, **kwargs) -> None:
                 "slot": headers.get("zkbeat-slot"),
                 "epoch": headers.get("zkbeat-epoch"),
                 "task_id": headers.get("id"),
+                "manual": headers.get("zkbeat-manual"),
                 "pid": os.getpid(),
                 "identity": os.environ.get("ZKBEAT_TEST_IDENTITY"),
                 "at": time.time(),

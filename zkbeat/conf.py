@@ -30,6 +30,12 @@ DEFAULT_SESSION_TIMEOUT = 10.0
 RECONNECT_MAX_DELAY = 1.0
 #: Per-entry override, read from ``options`` and removed before publish.
 ENTRY_MISFIRE_OPTION = "zkbeat_misfire_grace_time"
+#: Per-entry catch-up policy (``once``, ``skip``, ``all``), removed before publish.
+ENTRY_CATCHUP_OPTION = "zkbeat_catchup"
+#: Per-entry jitter in seconds, removed before publish.
+ENTRY_JITTER_OPTION = "zkbeat_jitter"
+#: Every option zkbeat reads from an entry and removes before publish.
+ENTRY_OPTIONS = (ENTRY_MISFIRE_OPTION, ENTRY_CATCHUP_OPTION, ENTRY_JITTER_OPTION)
 
 _REDACTED = "<redacted>"
 #: What a ZooKeeper auth scheme looks like ("digest", "sasl", "x509", ...).
