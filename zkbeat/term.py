@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from celery import beat
 from celery.utils.time import maybe_make_aware
 
+from . import catchup
 from ._signals import hold_shutdown_signals
 from .broker import forget as forget_broker
 from .broker import is_broker_error, wait_for_broker
@@ -47,7 +48,7 @@ from .controls import TriggerInbox, TriggerRequest
 from .election import Fence
 from .exceptions import ClaimConflictError, FencedError
 from .ledger import ABSENT, Claim, EntryState, LedgerRecord, Pause
-from .ticks import grace_time, manual_task_id, message_options, tick_slot
+from .ticks import grace_time, manual_task_id, message_options, slot_after, tick_slot
 
 if TYPE_CHECKING:
     from .scheduler import LeaderScheduleMixin
@@ -117,6 +118,10 @@ class _Tick:
     paused: Pause | None = None
     #: The trigger request of a run-now.
     request: TriggerRequest | None = None
+    #: Why it is skipped (the catch-up policy's words), and when the entry is due
+    #: next if not as Celery says (catch-up 'all' goes on from the slot).
+    why: str = ""
+    next_delay: float | None = None
 
     @property
     def name(self) -> str:
@@ -341,10 +346,11 @@ class Term:
                 self._report_paused(tick)
             elif tick.skip:
                 logger.warning(
-                    "zkbeat: skipping %s: its tick at %s is %.1fs late, past its misfire grace time (%s, epoch %s)",
+                    "zkbeat: skipping %s: its tick at %s is %.1fs late, %s (%s, epoch %s)",
                     tick.name,
                     tick.slot.isoformat(),
                     (now - tick.slot).total_seconds(),
+                    tick.why,
                     self.identity,
                     self.epoch,
                 )
@@ -361,7 +367,8 @@ class Term:
                 entry.total_run_count = tick.claim.state.total_run_count  # a run-now leaves the schedule alone
                 continue
             scheduler.schedule[tick.name] = tick.next_entry
-            requeue.append(Requeue(tick.next_entry, tick.due.priority, tick.due.next_time))
+            delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
+            requeue.append(Requeue(tick.next_entry, tick.due.priority, delay))
         if isinstance(result.error, ClaimConflictError):
             self.resolve_conflict(result.error.names)
         if result.error is not None and any(tick.request is not None for tick in ticks) and self.triggers:
@@ -443,8 +450,11 @@ class Term:
         """Decide publish-or-skip for one due entry and the ledger state to claim."""
         entry = due.entry
         slot = tick_slot(entry)
-        grace = grace_time(entry, self.scheduler.zk_settings.misfire_grace_time)
-        skip = grace is not None and (now - slot).total_seconds() > grace
+        settings = self.scheduler.zk_settings
+        grace = grace_time(entry, settings.misfire_grace_time)
+        policy = catchup.policy_for(entry, settings.catchup)
+        decision = catchup.decide(entry, slot, now, policy, grace, settings.catchup_limit)
+        skip = decision.skip
         known = self.known.get(entry.name, _Known(ABSENT))
         if known.state is not None and known.state.paused is not None:
             # Nothing to write: a check that the pause still holds (a resume conflicts).
@@ -461,6 +471,10 @@ class Term:
         next_entry = self.scheduler.reserve(entry)
         if skip:
             next_entry.total_run_count = entry.total_run_count  # a skip is not a run
+        next_delay = None
+        if decision.advance_to is not None:
+            next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
+            next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
         state = EntryState(
             last_run_at=maybe_make_aware(next_entry.last_run_at),
             total_run_count=next_entry.total_run_count,
@@ -468,7 +482,8 @@ class Term:
             updated_at=now,
             slot=slot,
         )
-        return _Tick(due, next_entry, slot, skip, Claim(entry.name, state, known.version), previous)
+        claim = Claim(entry.name, state, known.version)
+        return _Tick(due, next_entry, slot, skip, claim, previous, why=decision.why, next_delay=next_delay)
 
     def _unreserve(self, tick: _Tick) -> None:
         schedule = self.scheduler.schedule

@@ -20,6 +20,7 @@ from .exceptions import ConfigurationError
 
 __all__ = [
     "tick_slot",
+    "slot_after",
     "task_id_for",
     "manual_task_id",
     "HEADER_MANUAL",
@@ -46,7 +47,11 @@ def tick_slot(entry: beat.ScheduleEntry) -> datetime:
     holds the same ``last_run_at`` (from the ledger) computes the same slot
     to the microsecond; the slot names the tick in headers and task ids.
     """
-    last_run_at = entry.last_run_at
+    return slot_after(entry, entry.last_run_at)
+
+
+def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
+    """The UTC slot entry's schedule plans next after a run at ``last_run_at`` (see tick_slot)."""
     pinned = datetime.now(timezone.utc)
     try:
         schedule = copy.copy(entry.schedule)
