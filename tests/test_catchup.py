@@ -89,3 +89,13 @@ def test_an_invalid_entry_policy_is_logged_and_the_setting_used(caplog) -> None:
     assert policy_for(entry("odd", 1, 0, {"zkbeat_catchup": "sometimes"}), "once") == "once"
     assert "odd.options.zkbeat_catchup" in caplog.text
     assert policy_for(entry("fine", 1, 0, {"zkbeat_catchup": "ALL"}), "once") == "all"
+
+
+def test_a_database_row_sets_its_policy_in_its_headers() -> None:
+    """A django-celery-beat row's headers {'zkbeat_catchup': 'skip'} set its policy, and never reach the message."""
+    from zkbeat.ticks import message_options
+
+    row = entry("row", 1, 0, {"headers": {"zkbeat_catchup": "skip", "x-team": "ops"}})
+    assert policy_for(row, "once") == "skip"
+    sent = message_options(row, "/zkbeat/t", datetime.now(timezone.utc), 3)
+    assert "zkbeat_catchup" not in sent["headers"] and sent["headers"]["x-team"] == "ops"

@@ -49,12 +49,21 @@ class Decision:
 
 
 def policy_for(entry: beat.ScheduleEntry, default: str) -> str:
-    """The entry's own policy if valid (an invalid one is logged), else ``default``."""
+    """The entry's own policy if valid (an invalid one is logged), else ``default``.
+
+    Read from ``options``, or from the message headers: a django-celery-beat
+    row has no options of its own, but its ``headers`` JSON field reaches them.
+    """
     options = entry.options or {}
-    if ENTRY_CATCHUP_OPTION not in options:
+    headers = options.get("headers") if isinstance(options.get("headers"), dict) else {}
+    if ENTRY_CATCHUP_OPTION in options:
+        where, value = "options", options[ENTRY_CATCHUP_OPTION]
+    elif ENTRY_CATCHUP_OPTION in headers:
+        where, value = "headers", headers[ENTRY_CATCHUP_OPTION]
+    else:
         return default
     try:
-        return parse_catchup(f"{entry.name}.options.{ENTRY_CATCHUP_OPTION}", options[ENTRY_CATCHUP_OPTION])
+        return parse_catchup(f"{entry.name}.{where}.{ENTRY_CATCHUP_OPTION}", value)
     except ConfigurationError as exc:
         logger.error("zkbeat: %s; using zkbeat_catchup (%s) instead", exc, default)
         return default

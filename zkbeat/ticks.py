@@ -97,6 +97,8 @@ def message_options(
     for option in ENTRY_OPTIONS:
         options.pop(option, None)
     headers = dict(options.get("headers") or {})
+    for option in ENTRY_OPTIONS:
+        headers.pop(option, None)  # a django-celery-beat row sets them in its headers
     headers.update({HEADER_ENTRY: entry.name, HEADER_SLOT: slot.isoformat(), HEADER_EPOCH: epoch})
     if manual is None:
         options["task_id"] = task_id_for(root, entry.name, slot)
