@@ -98,7 +98,7 @@ def test_candidate_data_says_its_layout_and_schedule_hash(make_scheduler, zk_cli
 def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
     make_scheduler, zk_client: KazooClient, zk_root: str, published: list[dict], caplog, monkeypatch
 ) -> None:
-    """With <root>/v<LAYOUT + 1> present the elected replica publishes and records nothing, says why, and leads once it is gone."""
+    """With a newer <root>/v<N> the elected replica publishes and records nothing, says why, leads once it is gone."""
     monkeypatch.setattr(scheduler_module, "LAYOUT_RECHECK", 1.0)
     newer = f"v{LAYOUT + 1}"
     zk_client.ensure_path(f"{zk_root}/{newer}/entries")
@@ -118,7 +118,7 @@ def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
 def test_a_leader_steps_aside_for_a_newer_release_in_its_line(
     make_scheduler, zk_client: KazooClient, zk_root: str, published: list[dict]
 ) -> None:
-    """A candidate saying a newer layout joins the line: the leading replica stops publishing and the newer one leads."""
+    """A candidate of a newer layout joins the line: the leading replica stops publishing and the newer one leads."""
     scheduler = make_scheduler({"tidy": every(0.2)})
     assert scheduler.election.wait_for_leadership(timeout=15)
     wait_for(lambda: scheduler.tick() is not None and published, timeout=10)
