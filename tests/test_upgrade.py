@@ -3,7 +3,7 @@ reports a replica whose schedule differs from its own.
 
 In-process schedulers against the real ZooKeeper and Redis, plus one test with
 real ``celery beat`` processes. The "newer release" is played by the test: a
-``<root>/v2`` it creates, or a candidate whose data says ``"layout": 2``.
+``<root>/v<LAYOUT + 1>`` it creates, or a candidate whose data says ``"layout": LAYOUT + 1``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def run_ticks(scheduler: Scheduler, seconds: float) -> None:
 
 
 def test_candidate_data_says_its_layout_and_schedule_hash(make_scheduler, zk_client: KazooClient) -> None:
-    """Each candidate znode carries layout 1 and a hash that changes with the schedule and only with it."""
+    """Each candidate znode carries this release's layout and a hash that changes with the schedule and only with it."""
     first = make_scheduler({"a": every(1, "x"), "b": every(5)})
     same = make_scheduler({"b": every(5), "a": every(1, "x")})
     other = make_scheduler({"a": every(1, "y"), "b": every(5)})
@@ -54,9 +54,10 @@ def test_candidate_data_says_its_layout_and_schedule_hash(make_scheduler, zk_cli
 def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
     make_scheduler, zk_client: KazooClient, zk_root: str, published: Published, caplog, monkeypatch
 ) -> None:
-    """With <root>/v2 present the elected replica publishes and records nothing, says why, and leads once it is gone."""
+    """With a newer <root>/v<N> the elected replica publishes and records nothing, says why, leads once it is gone."""
     monkeypatch.setattr(scheduler_module, "LAYOUT_RECHECK", 1.0)
-    zk_client.ensure_path(f"{zk_root}/v2/entries")
+    newer = f"v{LAYOUT + 1}"
+    zk_client.ensure_path(f"{zk_root}/{newer}/entries")
     scheduler = make_scheduler({"tidy": every(0.2)})
     with caplog.at_level(logging.ERROR, logger="zkbeat"):
         assert scheduler.election.wait_for_leadership(timeout=15)
@@ -64,8 +65,8 @@ def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
     assert published.headers == []
     assert zk_client.exists(f"{zk_root}/v1/entries/tidy") is None
     refusals = [r.getMessage() for r in caplog.records if "refusing to lead" in r.getMessage()]
-    assert refusals and f"{zk_root}/v2" in refusals[0] and "newer zkbeat layout (v2)" in refusals[0]
-    zk_client.delete(f"{zk_root}/v2", recursive=True)  # the rollback, done
+    assert refusals and f"{zk_root}/{newer}" in refusals[0] and f"newer zkbeat layout ({newer})" in refusals[0]
+    zk_client.delete(f"{zk_root}/{newer}", recursive=True)  # the rollback, done
     wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=15)
     assert zk_client.exists(f"{zk_root}/v1/entries/tidy") is not None
 
@@ -73,11 +74,11 @@ def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
 def test_a_leader_steps_aside_for_a_newer_release_in_its_line(
     make_scheduler, zk_client: KazooClient, zk_root: str, published: Published
 ) -> None:
-    """A candidate saying layout 2 joins the line: the leading replica stops publishing and the newer one leads."""
+    """A candidate of a newer layout joins the line: the leading replica stops publishing and the newer one leads."""
     scheduler = make_scheduler({"tidy": every(0.2)})
     assert scheduler.election.wait_for_leadership(timeout=15)
     wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
-    newer = LeaderElection(zk_client, scheduler.election.path, {"identity": "v2-replica", "layout": 2})
+    newer = LeaderElection(zk_client, scheduler.election.path, {"identity": "newer-replica", "layout": LAYOUT + 1})
     newer.start()
     try:
         assert wait_for(lambda: scheduler.tick() is not None and newer.is_leader, timeout=15)
@@ -139,7 +140,7 @@ def test_rolling_upgrade_with_real_replicas(
         assert changed.identity in leader.log()
         newer = zk_client.create(
             f"{zk_root}/v1/election/candidate-{'0' * 32}-",
-            json.dumps({"identity": "v2-replica", "layout": 2}).encode(),
+            json.dumps({"identity": "newer-replica", "layout": LAYOUT + 1}).encode(),
             ephemeral=True,
             sequence=True,
         )
@@ -149,7 +150,7 @@ def test_rolling_upgrade_with_real_replicas(
         rows = cluster.publishes()
         assert [p for p in rows if p.at > stepped_aside] == [], "an older replica published beside a newer release"
         assert all(r.alive for r in cluster.replicas)
-        assert any("refusing to lead" in r.log() and "v2-replica" in r.log() for r in cluster.replicas)
+        assert any("refusing to lead" in r.log() and "newer-replica" in r.log() for r in cluster.replicas)
         report = account(rows, schedule)
         assert report.twice == 0 and report.lost == [], report.details()
     finally:

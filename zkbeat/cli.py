@@ -1,4 +1,4 @@
-"""The ``zkbeat`` command: status, step-down and health of a zkbeat cluster.
+"""The ``zkbeat`` command: status, step-down and health of a zkbeat cluster; pause, resume and trigger entries.
 
 Works from a Celery app (``zkbeat -A proj status``, reading its zkbeat_*
 settings as ``celery -A`` does), from flags (``--hosts``, ``--root``), and as
@@ -8,8 +8,10 @@ out, 2 cannot even ask (ZooKeeper unreachable, app not importable, bad flags).
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
+import socket
 import sys
 import time
 import urllib.error
@@ -25,7 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, ZookeeperError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from . import __version__
+from . import __version__, controls
 from ._zookeeper import make_client
 from .conf import Settings, parse_hosts, parse_root, read_settings
 from .exceptions import ConfigurationError
@@ -140,7 +142,7 @@ def _quiet_kazoo() -> None:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
 
-@click.group(name="zkbeat", help="zkbeat cluster status, step-down and health.")
+@click.group(name="zkbeat", help="zkbeat cluster status, step-down, health; pause, resume and trigger entries.")
 def celery_command() -> None:
     """Entry point for `celery -A proj zkbeat ...`."""
     _quiet_kazoo()
@@ -229,7 +231,7 @@ def _render(found: ClusterStatus, show_all: bool) -> str:
     shown = entries if show_all else entries[:ENTRY_LIMIT]
     lines.append(f"entries ({len(entries)}):")
     if shown:
-        rows = [["name", "last run", "runs", "epoch", "next due"]]
+        rows = [["name", "last run", "runs", "epoch", "next due", "state"]]
         for e in shown:
             last = _ago(e.last_run_at) if e.readable else "<unreadable data>"
             rows.append(
@@ -239,6 +241,7 @@ def _render(found: ClusterStatus, show_all: bool) -> str:
                     "-" if e.total_run_count is None else str(e.total_run_count),
                     "-" if e.epoch is None else str(e.epoch),
                     _ago(e.next_due),
+                    "paused" if e.paused else "active",
                 ]
             )
         lines.extend(_table(rows))
@@ -246,6 +249,17 @@ def _render(found: ClusterStatus, show_all: bool) -> str:
         lines.append("  none")
     if len(shown) < len(entries):
         lines.append(f"  ... {len(entries) - len(shown)} more (--all)")
+    paused = [e for e in entries if e.paused]
+    if paused:
+        lines.append(f"paused ({len(paused)}):")
+        for e in paused:
+            note = e.paused.get("note") or ""
+            lines.append(
+                _printable(
+                    f"  {e.name}: by {e.paused.get('by') or '?'} at {_ago(e.paused.get('at'))}"
+                    + (f": {note}" if note else "")
+                )
+            )
     return "\n".join(lines)
 
 
@@ -347,7 +361,109 @@ def _check_local(target: Target) -> None:
         _fail(1, f"this replica does not answer on {url} ({exc})")
 
 
-for _command in (status, step_down, health):
+def _operator() -> str:
+    """Who runs this command, as kept with a pause or a trigger: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _report(as_json: bool, data: dict[str, Any], text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else _printable(text))
+
+
+def _control_failed(exc: controls.ControlError) -> NoReturn:
+    # An entry that is not there: the question was fine, the answer is no (1), as status does for a root.
+    _fail(1 if isinstance(exc, controls.UnknownEntryError) else 2, _printable(str(exc)))
+
+
+@click.command()
+@click.argument("entry")
+@click.option("--note", default="", help=f"Why (shown by status; at most {controls.MAX_NOTE} chars).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def pause(ctx: click.Context, entry: str, note: str, as_json: bool) -> None:
+    """Pause ENTRY on every replica: none of its ticks is published until it is resumed."""
+    target = _target(ctx)
+    try:
+        controls.check_note(note)
+    except controls.ControlError as exc:
+        _control_failed(exc)
+    with _connected(target) as client:
+        try:
+            state, changed = controls.pause(client, target.settings.root, entry, _operator(), note)
+        except controls.ControlError as exc:
+            _control_failed(exc)
+    held = state.paused
+    assert held is not None
+    since = held.at.isoformat() if held.at else "?"
+    text = f"{'paused' if changed else 'already paused:'} {entry} (by {held.by} at {since}" + (
+        f", note: {held.note})" if held.note else ")"
+    )
+    _report(as_json, {"entry": entry, "paused": held.as_dict(), "changed": changed}, text)
+
+
+@click.command()
+@click.argument("entry")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def resume(ctx: click.Context, entry: str, as_json: bool) -> None:
+    """Resume ENTRY; what it missed while paused follows its catch-up policy."""
+    target = _target(ctx)
+    with _connected(target) as client:
+        try:
+            state, changed = controls.resume(client, target.settings.root, entry)
+        except controls.ControlError as exc:
+            _control_failed(exc)
+    was = state.paused.as_dict() if changed and state.paused else None
+    text = (
+        f"resumed {entry}" + (f" (paused by {was['by']} at {was['at']})" if was else "")
+        if changed
+        else (f"{entry} was not paused")
+    )
+    _report(as_json, {"entry": entry, "was_paused": was, "changed": changed}, text)
+
+
+@click.command()
+@click.argument("entry")
+@click.option("--no-wait", is_flag=True, help="Return once the request is made, not once it is published.")
+@click.option("--wait-timeout", default=60.0, show_default=True, help="Seconds to wait for the publish at most.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def trigger(ctx: click.Context, entry: str, no_wait: bool, wait_timeout: float, as_json: bool) -> None:
+    """Run ENTRY once now, through the leader, exactly once (also while it is paused)."""
+    target = _target(ctx)
+    schedule = target.schedule() or {}
+    with _connected(target) as client:
+        started = time.monotonic()
+        try:
+            request = controls.request_trigger(
+                client, target.settings.root, entry, _operator(), scheduled=entry in schedule
+            )
+        except controls.ControlError as exc:
+            _control_failed(exc)
+        name = request.rsplit("/", 1)[-1]
+        if no_wait:
+            _report(as_json, {"entry": entry, "request": name, "published": None}, f"asked to run {entry} ({name})")
+            return
+        receipt = controls.wait_published(client, target.settings.root, request, wait_timeout)
+        waited = time.monotonic() - started
+    if receipt is None:
+        _fail(
+            1,
+            _printable(
+                f"{entry} ({name}) was not published within {wait_timeout:g}s: no leader, or the broker is down; "
+                "the request stays and runs once a leader can publish it"
+            ),
+        )
+    data = {"entry": entry, "request": name, "published": receipt, "seconds": round(waited, 3)}
+    text = f"published {entry} ({name}) as task {receipt.get('task_id', '?')}, epoch {receipt.get('epoch', '?')}, "
+    _report(as_json, data, text + f"{waited * 1000:.0f} ms after the request")
+
+
+for _command in (status, step_down, health, pause, resume, trigger):
     main.add_command(_command)
     celery_command.add_command(_command)
 

@@ -30,6 +30,12 @@ DEFAULT_SESSION_TIMEOUT = 10.0
 RECONNECT_MAX_DELAY = 1.0
 #: Per-entry override, read from ``options`` and removed before publish.
 ENTRY_MISFIRE_OPTION = "zkbeat_misfire_grace_time"
+#: Per-entry catch-up policy (``once``, ``skip``, ``all``), removed before publish.
+ENTRY_CATCHUP_OPTION = "zkbeat_catchup"
+#: Per-entry jitter in seconds, removed before publish.
+ENTRY_JITTER_OPTION = "zkbeat_jitter"
+#: Every option zkbeat reads from an entry and removes before publish.
+ENTRY_OPTIONS = (ENTRY_MISFIRE_OPTION, ENTRY_CATCHUP_OPTION, ENTRY_JITTER_OPTION)
 
 _REDACTED = "<redacted>"
 #: What a ZooKeeper auth scheme looks like ("digest", "sasl", "x509", ...).
@@ -79,6 +85,22 @@ class Settings:
         shown="``None``",
         help="A tick later than this many seconds is skipped (logged), not caught up; ``None`` catches up once, "
         "Celery's own rule. Per entry: ``options={'zkbeat_misfire_grace_time': 30}`` (removed before publish).",
+    )
+    catchup: str = _setting(
+        "once",
+        shown="``'once'``",
+        help="What a leader does with ticks missed (a failover, an outage, a pause): ``once`` runs the missed "
+        "ticks as one (Celery's rule; with a misfire grace time, a tick later than it is skipped), ``skip`` "
+        "skips a missed tick (later than the misfire grace time, or without one, once a later slot is due too), "
+        "``all`` runs every missed slot once, in order, each under its own task id (slots older than the misfire "
+        "grace time are dropped), but refuses past ``zkbeat_catchup_limit`` missed slots and says why. Per "
+        "entry: ``options={'zkbeat_catchup': 'all'}`` (removed before publish).",
+    )
+    catchup_limit: int = _setting(
+        100,
+        shown="``100``",
+        help="Most missed slots the ``all`` catch-up publishes for one entry; past it none of them is, the "
+        "entry goes on from its next slot, and the log says how many were missed (as Kubernetes CronJobs do).",
     )
     auth: tuple[tuple[str, str], ...] = _setting(
         (),
@@ -154,6 +176,8 @@ def read_settings(
         session_timeout=_parse_session_timeout(get("zkbeat_session_timeout")),
         identity=_parse_identity(get("zkbeat_identity")),
         misfire_grace_time=parse_misfire_grace_time("zkbeat_misfire_grace_time", get("zkbeat_misfire_grace_time")),
+        catchup=parse_catchup("zkbeat_catchup", _or_default(get("zkbeat_catchup"), "once")),
+        catchup_limit=_parse_catchup_limit(get("zkbeat_catchup_limit")),
         auth=_parse_auth(get("zkbeat_auth")),
         use_ssl=use_ssl,
         ssl_ca=_parse_file("zkbeat_ssl_ca", get("zkbeat_ssl_ca")),
@@ -226,6 +250,25 @@ def parse_misfire_grace_time(setting: str, value: Any) -> float | None:
     if seconds < 0:
         raise ConfigurationError(setting, value, "must be None or a number of seconds >= 0")
     return seconds
+
+
+#: The catch-up policies (zkbeat.catchup).
+CATCHUP_POLICIES = ("once", "skip", "all")
+
+
+def parse_catchup(setting: str, value: Any) -> str:
+    """One of ``once``, ``skip``, ``all``."""
+    if not isinstance(value, str) or value.strip().lower() not in CATCHUP_POLICIES:
+        raise ConfigurationError(setting, value, f"expected one of {', '.join(CATCHUP_POLICIES)}")
+    return value.strip().lower()
+
+
+def _parse_catchup_limit(value: Any) -> int:
+    if value is None:
+        return 100
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError("zkbeat_catchup_limit", value, "must be a whole number >= 1")
+    return value
 
 
 def _parse_session_timeout(value: Any) -> float:

@@ -1,14 +1,26 @@
-"""The ZooKeeper layout version: one number, the one source for every path.
+"""The ZooKeeper layout version: one number, and the directory its data lives in.
 
-Everything a release writes lives under ``<root>/v<LAYOUT>``; a rolling
-upgrade that mixes releases compares these numbers (see peers.py).
+Everything a release writes lives under ``<root>/v1``; a rolling upgrade
+that mixes releases compares layout numbers (see peers.py).
+
+Layout 2 keeps layout 1's tree and adds to it: an entry's ledger znode may
+hold a pause (``paused``) and the last trigger run (``manual``), and
+``<root>/v1/triggers`` holds run-now requests (zkbeat.controls). A layout-1
+replica would ignore both: it would publish a paused entry and overwrite the
+pause with its claim, and it never consumes a trigger. So a layout-2 replica
+announces ``"layout": 2`` in its candidate, and every command that writes
+such state first creates ``<root>/v2`` (an empty marker): a layout-1 replica
+that sees either refuses to lead. After a rollback to layout 1, resume every
+entry, and delete ``<root>/v2`` so that the older replicas lead again.
 """
 
 from __future__ import annotations
 
-__all__ = ["LAYOUT", "LAYOUT_DIR"]
+__all__ = ["LAYOUT", "LAYOUT_DIR", "MARKER_DIR"]
 
 #: This release's layout number.
-LAYOUT = 1
-#: The root child that holds this layout: ``<root>/v1``.
-LAYOUT_DIR = f"v{LAYOUT}"
+LAYOUT = 2
+#: The root child that holds the data: layout 2 extends layout 1's tree in place.
+LAYOUT_DIR = "v1"
+#: The root child that marks a root whose data only layout 2 reads right.
+MARKER_DIR = f"v{LAYOUT}"

@@ -3,7 +3,10 @@
 Layout (v1)::
 
     <root>/v1/entries/<entry name, percent-quoted>
-        JSON {last_run_at, total_run_count, epoch, updated_at, slot}
+        JSON {last_run_at, total_run_count, epoch, updated_at, slot[, paused][, manual]}
+
+``paused`` ({by, at, note}) is an operator's pause and ``manual`` the last
+trigger request run (zkbeat.controls); layout 2 added both (zkbeat.layout).
 
 A claim writes the new state of one or many due entries in ONE ZooKeeper
 transaction that also checks the leader's own candidate znode still exists.
@@ -40,6 +43,7 @@ from .layout import LAYOUT_DIR
 __all__ = [
     "LAYOUT_VERSION",
     "EntryState",
+    "Pause",
     "LedgerRecord",
     "Claim",
     "ClaimResult",
@@ -106,19 +110,53 @@ class EntryState:
     updated_at: datetime | None = None
     #: The due time of the last tick claimed (published or skipped).
     slot: datetime | None = None
+    #: An operator's pause, kept until resumed (zkbeat.controls).
+    paused: Pause | None = None
+    #: The last trigger request run for this entry (its znode name).
+    manual: str | None = None
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Who paused an entry, when, and why: kept in its ledger state until resumed."""
+
+    by: str
+    at: datetime | None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"by": self.by, "at": _iso(self.at), "note": self.note}
 
 
 def encode_state(state: EntryState) -> bytes:
-    return json.dumps(
-        {
-            "last_run_at": _iso(state.last_run_at),
-            "total_run_count": state.total_run_count,
-            "epoch": state.epoch,
-            "updated_at": _iso(state.updated_at),
-            "slot": _iso(state.slot),
-        },
-        sort_keys=True,
-    ).encode()
+    data: dict[str, Any] = {
+        "last_run_at": _iso(state.last_run_at),
+        "total_run_count": state.total_run_count,
+        "epoch": state.epoch,
+        "updated_at": _iso(state.updated_at),
+        "slot": _iso(state.slot),
+    }
+    if state.paused is not None:
+        data["paused"] = state.paused.as_dict()
+    if state.manual is not None:
+        data["manual"] = state.manual
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def _decode_pause(value: Any) -> Pause | None:
+    """A pause record; one zkbeat cannot read still counts as a pause (fail closed: publish nothing)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        by, note = value.get("by"), value.get("note", "")
+        try:
+            at = _parse_time(value.get("at"))
+        except ValueError:
+            at = None
+        if isinstance(by, str) and isinstance(note, str):
+            return Pause(by=by, at=at, note=note)
+    logger.warning("zkbeat: a ledger entry holds a pause record zkbeat cannot read (%r); keeping it paused", value)
+    return Pause(by="?", at=None, note="unreadable pause record")
 
 
 def decode_state(raw: bytes) -> EntryState:
@@ -141,6 +179,8 @@ def decode_state(raw: bytes) -> EntryState:
         epoch=epoch,
         updated_at=_parse_time(data.get("updated_at")),
         slot=_parse_time(data.get("slot")),
+        paused=_decode_pause(data.get("paused")),
+        manual=data["manual"] if isinstance(data.get("manual"), str) else None,
     )
 
 
@@ -159,6 +199,13 @@ class Claim:
     name: str
     state: EntryState
     version: int = ABSENT
+    #: Only check the version, write nothing (a paused entry's tick: a resume
+    #: in between makes it conflict, so the leader re-reads).
+    check_only: bool = False
+    #: A trigger request's path, deleted in the same transaction (consumed).
+    consume: str | None = None
+    #: A trigger request put back in the same transaction (a withdrawn run): (path, data).
+    restore: tuple[str, bytes] | None = None
 
 
 @dataclass
@@ -259,20 +306,38 @@ class Ledger:
         for chunk in _chunks(claims, self.entry_path):
             transaction = self.client.transaction()
             transaction.check(fence, -1)
+            owners = []  # the claim behind each operation after the fence's check
             for claim, path in chunk:
-                data = encode_state(claim.state)
-                if claim.version == ABSENT:
-                    transaction.create(path, data)
-                else:
-                    transaction.set_data(path, data, claim.version)
+                owners.extend(_add_operations(transaction, claim, path))
             outcomes = transaction.commit_async().get(timeout=self.timeout)
-            error = _failure(outcomes, [claim for claim, _ in chunk], fence)
+            error = _failure(outcomes, owners, fence)
             if error is not None:
                 result.error = error
                 return result
             for claim, _ in chunk:
-                result.committed[claim.name] = 0 if claim.version == ABSENT else claim.version + 1
+                if claim.check_only:
+                    result.committed[claim.name] = claim.version
+                else:
+                    result.committed[claim.name] = 0 if claim.version == ABSENT else claim.version + 1
         return result
+
+
+def _add_operations(transaction: Any, claim: Claim, path: str) -> list[Claim]:
+    """Add one claim's operations to ``transaction``; the claim once per operation."""
+    if claim.check_only:
+        transaction.check(path, claim.version)
+    elif claim.version == ABSENT:
+        transaction.create(path, encode_state(claim.state))
+    else:
+        transaction.set_data(path, encode_state(claim.state), claim.version)
+    owners = [claim]
+    if claim.consume is not None:
+        transaction.delete(claim.consume)
+        owners.append(claim)
+    if claim.restore is not None:
+        transaction.create(*claim.restore)
+        owners.append(claim)
+    return owners
 
 
 def _chunks(claims: list[Claim], entry_path) -> Iterable[list[tuple[Claim, str]]]:
@@ -280,7 +345,9 @@ def _chunks(claims: list[Claim], entry_path) -> Iterable[list[tuple[Claim, str]]
     size = 0
     for claim in claims:
         path = entry_path(claim.name)
-        cost = len(path.encode()) + 200 + _OP_OVERHEAD
+        cost = len(path.encode()) + 200 + _OP_OVERHEAD + 3 * len(claim.state.paused.note if claim.state.paused else "")
+        if claim.consume is not None or claim.restore is not None:
+            cost += 2 * 1024 + _OP_OVERHEAD
         if chunk and (size + cost > _MAX_TRANSACTION_BYTES or len(chunk) >= _MAX_TRANSACTION_OPS):
             yield chunk
             chunk, size = [], 0

@@ -279,7 +279,7 @@ class LeaderScheduleMixin:
             epoch = fence.epoch
             interval = self._lead()
             self._failures = 0
-            return interval
+            return self._idle(interval)
         except FencedError as exc:
             logger.warning(
                 "zkbeat: claim fenced, publishing nothing (%s, epoch %s): %s", self.zk_settings.identity, epoch, exc
@@ -422,6 +422,8 @@ class LeaderScheduleMixin:
         assert term is not None
         if term.pending:
             term.settle()
+        if term.triggers is not None:
+            term.run_manual(term.triggers.take())
         if self._heap is None or not self.schedules_equal(self.old_schedulers, self.schedule):
             self.old_schedulers = dict(self.schedule)
             self.populate_heap()
@@ -438,6 +440,17 @@ class LeaderScheduleMixin:
             return self.max_interval
         top = self._heap[0]
         return max(0.0, min(top[0] - self._when_safe(top[2], 0), self.max_interval))
+
+    def _idle(self, interval: float) -> float:
+        """Wait out ``interval`` here, woken by a trigger request (zkbeat.controls), then come straight back.
+
+        Beat's own sleep cannot be woken; the follower's tick waits the same way.
+        """
+        term = self.term
+        if interval <= 0 or term is None or term.triggers is None:
+            return interval
+        term.triggers.wait(interval)
+        return 0
 
     def _scan(self, heap: list) -> tuple[list[Due], list[Requeue]]:
         """Pop the entries whose time has come; sort them into due and not due yet."""

@@ -50,6 +50,10 @@ class EntryStatus:
     slot: str | None
     next_due: str | None = None
     readable: bool = True
+    #: {by, at, note} while an operator has the entry paused (zkbeat.controls).
+    paused: dict[str, Any] | None = None
+    #: The last trigger request run for the entry.
+    manual: str | None = None
 
 
 @dataclass
@@ -107,6 +111,8 @@ def read_status(client: KazooClient, root: str, hosts: str, schedule: dict[str, 
             epoch=state.epoch if state else None,
             slot=state.slot.isoformat() if state and state.slot else None,
             readable=record is None or state is not None,
+            paused=state.paused.as_dict() if state and state.paused else None,
+            manual=state.manual if state else None,
         )
         scheduled = (schedule or {}).get(name)
         if scheduled is not None:

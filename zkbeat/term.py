@@ -33,20 +33,22 @@ import copy
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery import beat
 from celery.utils.time import maybe_make_aware
 
+from . import catchup
 from ._signals import hold_shutdown_signals
 from .broker import forget as forget_broker
 from .broker import is_broker_error, wait_for_broker
+from .controls import TriggerInbox, TriggerRequest
 from .election import Fence
 from .exceptions import ClaimConflictError, FencedError
-from .ledger import ABSENT, Claim, EntryState, LedgerRecord
-from .ticks import grace_time, message_options, tick_slot
+from .ledger import ABSENT, Claim, EntryState, LedgerRecord, Pause
+from .ticks import grace_time, manual_task_id, message_options, slot_after, tick_slot
 
 if TYPE_CHECKING:
     from .scheduler import LeaderScheduleMixin
@@ -97,6 +99,8 @@ class PendingClaim:
     previous_version: int
     #: The ledger state before the claim, written back to withdraw it.
     previous: EntryState
+    #: The trigger request a run-now claim consumed (zkbeat.controls).
+    request: TriggerRequest | None = None
 
 
 @dataclass
@@ -110,6 +114,14 @@ class _Tick:
     claim: Claim
     previous: EntryState
     settled: bool = False
+    #: The entry's pause: its tick is only a check of the ledger (zkbeat.controls).
+    paused: Pause | None = None
+    #: The trigger request of a run-now.
+    request: TriggerRequest | None = None
+    #: Why it is skipped (the catch-up policy's words), and when the entry is due
+    #: next if not as Celery says (catch-up 'all' goes on from the slot).
+    why: str = ""
+    next_delay: float | None = None
 
     @property
     def name(self) -> str:
@@ -137,12 +149,17 @@ class Term:
     conflicted: dict[str, float] = field(default_factory=dict)
     #: Ledger records read when the term began.
     records_loaded: int = 0
+    #: Run-now requests (zkbeat.controls); its Event also wakes an idle leader.
+    triggers: TriggerInbox | None = None
+    #: Pauses already logged, so a paused entry is reported once, not every tick.
+    paused_logged: set[tuple[str, Pause]] = field(default_factory=set)
 
     @classmethod
     def begin(cls, scheduler: LeaderScheduleMixin, fence: Fence, inherited: Iterable[PendingClaim] = ()) -> Term:
         """A new term: load the whole ledger, settle inherited claims, merge the rest."""
         term = cls(scheduler, fence, pending={claim.name: claim for claim in inherited})
         ledger = scheduler.ledger
+        term.triggers = TriggerInbox(ledger.client, scheduler.zk_settings.root)
         ledger.ensure()
         if term.pending:
             ledger.sync()  # a commit still in flight from our last session lands before we read
@@ -233,11 +250,11 @@ class Term:
         self.known[name] = _Known(record.version, record.state)
         if producer is not None and not self.broker_down:
             logger.info("zkbeat: the claim of %s at %s had committed; publishing it now", name, slot)
-            if self._publish(claim.entry, claim.slot, producer):
+            if self._publish(claim.entry, claim.slot, producer, claim.request):
                 del self.pending[name]
                 self._apply(name, claim.state)
                 return
-        if self._withdraw(name, claim.previous, record.version, claim.slot):
+        if self._withdraw(name, claim.previous, record.version, claim.slot, claim.request):
             del self.pending[name]
             self._apply(name, claim.previous)
 
@@ -323,29 +340,100 @@ class Term:
                 requeue.append(Requeue(entry, tick.due.priority, self._conflict_delay(tick.name, result.error)))
                 continue
             self.known[tick.name] = _Known(version, tick.claim.state)
-            if tick.skip:
+            if tick.paused is not None:
+                self._report_paused(tick)
+            elif tick.skip:
                 logger.warning(
-                    "zkbeat: skipping %s: its tick at %s is %.1fs late, past its misfire grace time (%s, epoch %s)",
+                    "zkbeat: skipping %s: its tick at %s is %.1fs late, %s (%s, epoch %s)",
                     tick.name,
                     tick.slot.isoformat(),
                     (now - tick.slot).total_seconds(),
+                    tick.why,
                     self.identity,
                     self.epoch,
                 )
-            elif self.broker_down or not self._publish(entry, tick.slot, producer):
+            elif self.broker_down or not self._publish(entry, tick.slot, producer, tick.request):
                 # Once the broker is gone the rest of the batch is withdrawn
                 # unsent, instead of each waiting out kombu's retries in turn.
-                if not self._withdraw(tick.name, tick.previous, version, tick.slot):
+                if not self._withdraw(tick.name, tick.previous, version, tick.slot, tick.request):
                     self.pending[tick.name] = self._pending(tick)
-                requeue.append(Requeue(entry, tick.due.priority, RETRY_DELAY))
+                if tick.request is None:
+                    requeue.append(Requeue(entry, tick.due.priority, RETRY_DELAY))
                 continue
             tick.settled = True
+            if tick.request is not None:
+                entry.total_run_count = tick.claim.state.total_run_count  # a run-now leaves the schedule alone
+                continue
             scheduler.schedule[tick.name] = tick.next_entry
-            requeue.append(Requeue(tick.next_entry, tick.due.priority, tick.due.next_time))
+            delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
+            requeue.append(Requeue(tick.next_entry, tick.due.priority, delay))
         if isinstance(result.error, ClaimConflictError):
             self.resolve_conflict(result.error.names)
+        if result.error is not None and any(tick.request is not None for tick in ticks) and self.triggers:
+            self.triggers.again()
         if isinstance(result.error, FencedError):
             raise result.error
+
+    def run_manual(self, requests: list[TriggerRequest]) -> None:
+        """Run each trigger request once, consumed by the fenced claim that records the run.
+
+        It runs while the entry is paused (an operator asked for it) and
+        leaves the schedule where it was. A request for an entry this
+        leader's schedule lacks is logged and removed; one whose entry has a
+        pending claim, or a second for the same entry, waits for a later pass.
+        """
+        if not requests or self.triggers is None:
+            return
+        schedule = self.scheduler.schedule
+        unknown = [r.entry for r in requests if r.entry in schedule and r.entry not in self.known]
+        if unknown:
+            self.merge(self.scheduler.ledger.load(unknown))
+        now = datetime.now(timezone.utc)
+        ticks: list[_Tick] = []
+        for request in requests:
+            entry = schedule.get(request.entry)
+            if entry is None:
+                self.triggers.discard(request.path, f"entry {request.entry!r} is not in the leader's schedule")
+                continue
+            if request.entry in self.pending or any(tick.name == request.entry for tick in ticks):
+                self.triggers.again()
+                continue
+            known = self.known.setdefault(request.entry, _Known(ABSENT))
+            previous = known.state or EntryState(
+                last_run_at=maybe_make_aware(entry.last_run_at),
+                total_run_count=entry.total_run_count,
+                epoch=self.epoch,
+                updated_at=now,
+            )
+            runs = previous.total_run_count + 1
+            state = replace(previous, total_run_count=runs, epoch=self.epoch, updated_at=now, manual=request.name)
+            claim = Claim(entry.name, state, known.version, consume=request.path)
+            ticks.append(_Tick(Due(entry, 0, 0), entry, request.at, False, claim, previous, request=request))
+        if not ticks:
+            return
+        producer = self._producer(len(ticks))
+        if producer is None:
+            self.triggers.again()
+            return
+        with hold_shutdown_signals():
+            self._claim_and_publish(ticks, producer, now, [])  # a run-now puts nothing back on the heap
+
+    def _report_paused(self, tick: _Tick) -> None:
+        """Say once per pause that an entry's ticks are held back, and by whom."""
+        pause = tick.paused
+        assert pause is not None
+        if (tick.name, pause) in self.paused_logged:
+            logger.debug("zkbeat: %s is paused; its tick at %s is not published", tick.name, tick.slot.isoformat())
+            return
+        self.paused_logged.add((tick.name, pause))
+        logger.info(
+            "zkbeat: %s is paused (by %s at %s%s): none of its ticks is published until it is resumed (epoch %s)",
+            tick.name,
+            pause.by,
+            pause.at.isoformat() if pause.at else "?",
+            f", note: {pause.note}" if pause.note else "",
+            self.epoch,
+        )
 
     def _conflict_delay(self, name: str, error: Exception | None) -> float:
         """Claim a conflicted entry again at once, but not in a loop as fast as ZooKeeper answers."""
@@ -360,9 +448,18 @@ class Term:
         """Decide publish-or-skip for one due entry and the ledger state to claim."""
         entry = due.entry
         slot = tick_slot(entry)
-        grace = grace_time(entry, self.scheduler.zk_settings.misfire_grace_time)
-        skip = grace is not None and (now - slot).total_seconds() > grace
+        settings = self.scheduler.zk_settings
+        grace = grace_time(entry, settings.misfire_grace_time)
+        policy = catchup.policy_for(entry, settings.catchup)
+        decision = catchup.decide(entry, slot, now, policy, grace, settings.catchup_limit)
+        skip = decision.skip
         known = self.known.get(entry.name, _Known(ABSENT))
+        if known.state is not None and known.state.paused is not None:
+            # Nothing to write: a check that the pause still holds (a resume conflicts).
+            next_entry = self.scheduler.reserve(entry)
+            next_entry.total_run_count = entry.total_run_count
+            claim = Claim(entry.name, known.state, known.version, check_only=True)
+            return _Tick(due, next_entry, slot, True, claim, known.state, paused=known.state.paused)
         previous = known.state or EntryState(
             last_run_at=maybe_make_aware(entry.last_run_at),
             total_run_count=entry.total_run_count,
@@ -372,6 +469,10 @@ class Term:
         next_entry = self.scheduler.reserve(entry)
         if skip:
             next_entry.total_run_count = entry.total_run_count  # a skip is not a run
+        next_delay = None
+        if decision.advance_to is not None:
+            next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
+            next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
         state = EntryState(
             last_run_at=maybe_make_aware(next_entry.last_run_at),
             total_run_count=next_entry.total_run_count,
@@ -379,7 +480,8 @@ class Term:
             updated_at=now,
             slot=slot,
         )
-        return _Tick(due, next_entry, slot, skip, Claim(entry.name, state, known.version), previous)
+        claim = Claim(entry.name, state, known.version)
+        return _Tick(due, next_entry, slot, skip, claim, previous, why=decision.why, next_delay=next_delay)
 
     def _unreserve(self, tick: _Tick) -> None:
         schedule = self.scheduler.schedule
@@ -397,6 +499,7 @@ class Term:
             state=tick.claim.state,
             previous_version=tick.claim.version,
             previous=tick.previous,
+            request=tick.request,
         )
 
     def _recheck_unknown(self, dues: list[Due], requeue: list[Requeue]) -> list[Due]:
@@ -425,14 +528,19 @@ class Term:
 
     # -- ledger writes besides the claim -------------------------------------
 
-    def _withdraw(self, name: str, previous: EntryState, version: int, slot: datetime) -> bool:
+    def _withdraw(
+        self, name: str, previous: EntryState, version: int, slot: datetime, request: TriggerRequest | None = None
+    ) -> bool:
         """Write the pre-claim state back over our claim, so the tick stays due.
 
-        False if that did not commit (or its reply was lost): the caller keeps
-        the claim pending, and a later term publishes or withdraws it.
+        A run-now's request is put back in the same transaction. False if
+        that did not commit (or its reply was lost): the caller keeps the
+        claim pending, and a later term publishes or withdraws it.
         """
+        restore = (request.path, request.raw) if request is not None else None
         try:
-            result = self.scheduler.ledger.claim([Claim(name, previous, version)], self.fence.candidate)
+            claim = Claim(name, previous, version, restore=restore)
+            result = self.scheduler.ledger.claim([claim], self.fence.candidate)
             error: Exception | None = result.error
         except Exception as exc:  # noqa: BLE001 - reported below; the pass goes on
             error = exc
@@ -485,7 +593,9 @@ class Term:
             self.broker_down = False
         return producer
 
-    def _publish(self, entry: beat.ScheduleEntry, slot: datetime, producer: Any) -> bool:
+    def _publish(
+        self, entry: beat.ScheduleEntry, slot: datetime, producer: Any, request: TriggerRequest | None = None
+    ) -> bool:
         """Send one claimed tick. False only when the broker was unreachable.
 
         Then the caller withdraws the claim and the tick stays due. A message
@@ -496,12 +606,18 @@ class Term:
         """
         scheduler = self.scheduler
         slot_text = slot.isoformat()
+        manual = request.name if request is not None else None
         logger.info(
-            "Scheduler: Sending due task %s (%s) slot %s epoch %s", entry.name, entry.task, slot_text, self.epoch
+            "Scheduler: Sending %s task %s (%s) slot %s epoch %s",
+            f"triggered ({manual} by {request.by})" if request is not None else "due",
+            entry.name,
+            entry.task,
+            slot_text,
+            self.epoch,
         )
         try:
             sending = copy.copy(entry)
-            sending.options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch)
+            sending.options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
             scheduler.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
             scheduler.metrics.publish_error()
@@ -518,6 +634,12 @@ class Term:
             )
             return True
         scheduler.metrics.published()
+        if request is not None and self.triggers is not None:
+            task_id = manual_task_id(scheduler.zk_settings.root, entry.name, request.name)
+            try:
+                self.triggers.receipt(request, task_id, self.epoch)
+            except Exception as exc:  # noqa: BLE001 - the run is out; only the receipt is missing
+                logger.warning("zkbeat: %s was published but its receipt could not be written: %r", request.path, exc)
         return True
 
 

@@ -15,16 +15,29 @@ from typing import Any
 from celery import beat
 from celery.utils.time import maybe_make_aware
 
-from .conf import ENTRY_MISFIRE_OPTION, parse_misfire_grace_time
+from .conf import ENTRY_MISFIRE_OPTION, ENTRY_OPTIONS, parse_misfire_grace_time
 from .exceptions import ConfigurationError
 
-__all__ = ["tick_slot", "task_id_for", "grace_time", "message_options", "HEADER_ENTRY", "HEADER_SLOT", "HEADER_EPOCH"]
+__all__ = [
+    "tick_slot",
+    "slot_after",
+    "task_id_for",
+    "manual_task_id",
+    "HEADER_MANUAL",
+    "grace_time",
+    "message_options",
+    "HEADER_ENTRY",
+    "HEADER_SLOT",
+    "HEADER_EPOCH",
+]
 
 logger = logging.getLogger(__name__)
 
 HEADER_ENTRY = "zkbeat-entry"
 HEADER_SLOT = "zkbeat-slot"
 HEADER_EPOCH = "zkbeat-epoch"
+#: A triggered run's header: the request's znode name (zkbeat.controls).
+HEADER_MANUAL = "zkbeat-manual"
 
 
 def tick_slot(entry: beat.ScheduleEntry) -> datetime:
@@ -34,7 +47,11 @@ def tick_slot(entry: beat.ScheduleEntry) -> datetime:
     holds the same ``last_run_at`` (from the ledger) computes the same slot
     to the microsecond; the slot names the tick in headers and task ids.
     """
-    last_run_at = entry.last_run_at
+    return slot_after(entry, entry.last_run_at)
+
+
+def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
+    """The UTC slot entry's schedule plans next after a run at ``last_run_at`` (see tick_slot)."""
     pinned = datetime.now(timezone.utc)
     try:
         schedule = copy.copy(entry.schedule)
@@ -63,12 +80,30 @@ def grace_time(entry: beat.ScheduleEntry, default: float | None) -> float | None
     return default
 
 
-def message_options(entry: beat.ScheduleEntry, root: str, slot: datetime, epoch: int) -> dict[str, Any]:
-    """The entry's options for this tick: zkbeat's headers and task id, its own option removed."""
+def manual_task_id(root: str, name: str, request: str) -> str:
+    """The task id of a triggered run: from its request, the same on any leader that runs it."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"zkbeat:{root}:{name}:manual:{request}"))
+
+
+def message_options(
+    entry: beat.ScheduleEntry, root: str, slot: datetime, epoch: int, manual: str | None = None
+) -> dict[str, Any]:
+    """The entry's options for this tick: zkbeat's headers and task id, zkbeat's own options removed.
+
+    ``manual`` names the trigger request of a run-now (header ``zkbeat-manual``;
+    the slot is then the request's time).
+    """
     options = dict(entry.options or {})
-    options.pop(ENTRY_MISFIRE_OPTION, None)
+    for option in ENTRY_OPTIONS:
+        options.pop(option, None)
     headers = dict(options.get("headers") or {})
+    for option in ENTRY_OPTIONS:
+        headers.pop(option, None)  # a django-celery-beat row sets them in its headers
     headers.update({HEADER_ENTRY: entry.name, HEADER_SLOT: slot.isoformat(), HEADER_EPOCH: epoch})
+    if manual is None:
+        options["task_id"] = task_id_for(root, entry.name, slot)
+    else:
+        headers[HEADER_MANUAL] = manual
+        options["task_id"] = manual_task_id(root, entry.name, manual)
     options["headers"] = headers
-    options["task_id"] = task_id_for(root, entry.name, slot)
     return options

@@ -56,6 +56,7 @@ def record_publishes(url: str, key: str, identity: str | None) -> None:
             "slot": headers.get("zkbeat-slot"),
             "epoch": headers.get("zkbeat-epoch"),
             "task_id": headers.get("id"),
+            "manual": headers.get("zkbeat-manual"),
             "pid": os.getpid(),
             "identity": identity,
             "at": time.time(),
