@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,7 +14,9 @@ SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
-def hold_shutdown_signals(signums: tuple[signal.Signals, ...] = SHUTDOWN_SIGNALS) -> Iterator[list[int]]:
+def hold_shutdown_signals(
+    signums: tuple[signal.Signals, ...] = SHUTDOWN_SIGNALS, limit: float | None = None
+) -> Iterator[list[int]]:
     """Record SIGTERM/SIGINT inside the block and deliver them right after it.
 
     celery beat handles SIGTERM by raising SystemExit from wherever the main
@@ -25,19 +28,47 @@ def hold_shutdown_signals(signums: tuple[signal.Signals, ...] = SHUTDOWN_SIGNALS
     and the recorded signals are raised again once the old handlers are back.
 
     Off the main thread (where handlers cannot be changed) this does nothing.
+
+    ``limit`` bounds the hold: a signal that arrives once the block has run
+    that many seconds (a send hung on a broker that went silent) is handed
+    to the old handler at once, which raises in the middle of the block.
     """
     if threading.current_thread() is not threading.main_thread():
         yield []
         return
     pending: list[int] = []
+    started = time.monotonic()
+    timers: list[threading.Timer] = []
 
     def record(signum: int, frame: object) -> None:
         pending.append(signum)
+        if limit is None:
+            return
+        left = limit - (time.monotonic() - started)
+        if left > 0:
+            if not timers:  # when the limit passes, the signal comes round again and goes through
+                main = threading.main_thread().ident
+                timer = threading.Timer(left, signal.pthread_kill, (main, signum))
+                timer.daemon = True
+                timers.append(timer)
+                timer.start()
+            return
+        held = list(dict.fromkeys(pending))
+        pending.clear()  # delivered now, not again after the block
+        for each in held:
+            handler = previous[each]
+            if callable(handler):
+                handler(each, frame)
+            elif handler in (signal.SIG_DFL, None):
+                signal.signal(each, signal.SIG_DFL)
+                signal.raise_signal(each)
 
     previous = {signum: signal.signal(signum, record) for signum in signums}
     try:
         yield pending
     finally:
+        for timer in timers:
+            timer.cancel()
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(pending):

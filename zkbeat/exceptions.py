@@ -8,6 +8,7 @@ __all__ = [
     "LedgerError",
     "FencedError",
     "ClaimConflictError",
+    "ClaimRefusedError",
 ]
 
 
@@ -63,3 +64,16 @@ class ClaimConflictError(LedgerError):
     def __init__(self, names: list[str]) -> None:
         self.names = names
         super().__init__(f"ledger entries changed underneath us: {', '.join(names)}")
+
+
+class ClaimRefusedError(LedgerError):
+    """ZooKeeper refused the write of one entry outright (NoAuth: someone else's ACL on it).
+
+    Carries the entry's name and ZooKeeper's error; nothing of that
+    transaction committed.
+    """
+
+    def __init__(self, name: str, cause: Exception) -> None:
+        self.names = [name]
+        self.cause = cause
+        super().__init__(f"ZooKeeper refused the claim of entry {name!r} ({type(cause).__name__})")

@@ -37,7 +37,7 @@ from kazoo.exceptions import (
 )
 
 from ._multiread import read_many
-from .exceptions import ClaimConflictError, FencedError
+from .exceptions import ClaimConflictError, ClaimRefusedError, FencedError
 from .layout import LAYOUT_DIR
 
 __all__ = [
@@ -213,7 +213,7 @@ class ClaimResult:
     """Which claims committed (with their new znode versions) and why the rest did not."""
 
     committed: dict[str, int]
-    error: FencedError | ClaimConflictError | None = None
+    error: FencedError | ClaimConflictError | ClaimRefusedError | None = None
 
 
 class Ledger:
@@ -229,7 +229,8 @@ class Ledger:
         return f"{self.path}/{encode_name(name)}"
 
     def ensure(self) -> None:
-        self.client.ensure_path(self.path)
+        """Create entries/ (and its parents) if missing, waiting at most ``timeout``."""
+        self.client.ensure_path_async(self.path).get(timeout=self.timeout)
 
     def sync(self) -> None:
         """Have our ZooKeeper server catch up with the quorum before the next read.
@@ -237,7 +238,7 @@ class Ledger:
         A read right after a session moved to another server may otherwise be
         served before a commit still in flight from the old connection lands.
         """
-        self.client.sync(self.path)
+        self.client.sync_async(self.path).get(timeout=self.timeout)
 
     def load(self, names: Iterable[str] | None = None) -> dict[str, LedgerRecord]:
         """Read entries (all, or ``names``) with pipelined reads.
@@ -294,23 +295,33 @@ class Ledger:
                 results.append(exc)
         return results
 
-    def claim(self, claims: list[Claim], fence: str) -> ClaimResult:
+    def claim(self, claims: list[Claim], fence: str | None) -> ClaimResult:
         """Commit ``claims`` fenced on the candidate znode ``fence``.
 
         Claims are packed into as few transactions as ZooKeeper's request size
         allows (usually one). Each transaction is all-or-nothing; the first
         that fails stops the rest. ConnectionLoss and timeouts propagate: the
-        outcome of that transaction is then unknown to the caller.
+        outcome of that transaction is then unknown to the caller; the
+        exception carries what earlier transactions committed for sure
+        (``committed``). ``fence=None`` writes with the compare-and-set alone
+        (a replica putting back its own unsent claim; see zkbeat.term).
         """
         result = ClaimResult(committed={})
         for chunk in _chunks(claims, self.entry_path):
             transaction = self.client.transaction()
-            transaction.check(fence, -1)
+            if fence is not None:
+                transaction.check(fence, -1)
             owners = []  # the claim behind each operation after the fence's check
             for claim, path in chunk:
                 owners.extend(_add_operations(transaction, claim, path))
-            outcomes = transaction.commit_async().get(timeout=self.timeout)
-            error = _failure(outcomes, owners, fence)
+            try:
+                outcomes = transaction.commit_async().get(timeout=self.timeout)
+            except Exception as exc:
+                exc.committed = dict(result.committed)  # type: ignore[attr-defined]
+                raise
+            if fence is None:
+                outcomes = [None, *outcomes]  # as if a check had passed, so indexes line up
+            error = _failure(outcomes, owners, fence or "(none)")
             if error is not None:
                 result.error = error
                 return result
@@ -357,7 +368,9 @@ def _chunks(claims: list[Claim], entry_path) -> Iterable[list[tuple[Claim, str]]
         yield chunk
 
 
-def _failure(outcomes: list[Any], claims: list[Claim], fence: str) -> FencedError | ClaimConflictError | None:
+def _failure(
+    outcomes: list[Any], claims: list[Claim], fence: str
+) -> FencedError | ClaimConflictError | ClaimRefusedError | None:
     """Name why a transaction rolled back, or None if it committed."""
     failed = [
         (index, outcome)
@@ -375,6 +388,6 @@ def _failure(outcomes: list[Any], claims: list[Claim], fence: str) -> FencedErro
         return ClaimConflictError([claims[index - 1].name])
     # Refused outright (NoAuth: someone else's ACL on the entry or on entries/,
     # InvalidACL, ...). Re-reading and claiming again at once, as for a
-    # conflict, would only loop as fast as ZooKeeper answers; the caller gets
-    # the ZooKeeper error it is, naming the entry, and backs off.
-    raise type(outcome)(f"ZooKeeper refused the claim of entry {claims[index - 1].name!r} ({type(outcome).__name__})")
+    # conflict, would only loop as fast as ZooKeeper answers; the caller
+    # leaves that entry out for a while and claims the rest.
+    return ClaimRefusedError(claims[index - 1].name, outcome)

@@ -39,7 +39,7 @@ from .exceptions import FencedError
 from .ledger import LAYOUT_VERSION, EntryState, Ledger
 from .metrics import Metrics
 from .peers import LAYOUT, PeerCheck, schedule_hash
-from .term import RETRY_DELAY, Due, PendingClaim, Requeue, Term
+from .term import RETRY_DELAY, Due, PendingClaim, Requeue, Term, release
 from .ticks import task_id_for, tick_slot
 
 __all__ = ["LeaderScheduleMixin", "Scheduler", "task_id_for", "tick_slot"]
@@ -98,7 +98,7 @@ class LeaderScheduleMixin:
         self._refused_until = 0.0
         self._failures = 0
         #: Entries whose schedule raised, with the error last logged for each.
-        self._broken: dict[str, str] = {}
+        self._broken: dict[tuple[str, str], str] = {}
         if kwargs.get("schedule_filename"):
             logger.debug(
                 "zkbeat: ignoring -s %s: the ZooKeeper ledger replaces the shelve file", kwargs["schedule_filename"]
@@ -214,6 +214,7 @@ class LeaderScheduleMixin:
             self._closed = True
             if self.term is not None:
                 self._end_term("shutting down")
+            self._release_pending(final=True)
             if self.election is not None:
                 self.election.close()
             self.metrics.close()
@@ -263,6 +264,7 @@ class LeaderScheduleMixin:
         if fence is None:
             if self.term is not None:
                 self._end_term("lost leadership")
+            self._release_pending()
             # Wake the moment the election's watch makes us leader; beat's
             # loop comes straight back because we return 0.
             election.wait_for_leadership(self.max_interval)
@@ -356,12 +358,36 @@ class LeaderScheduleMixin:
         self._pending = list(term.pending.values())
         if self._pending:
             logger.warning(
-                "zkbeat: claims whose commit was never confirmed are published when this replica leads "
-                "again, unless another leader has run those entries since: %s",
+                "zkbeat: claims never confirmed or never sent are settled against the ledger as soon as "
+                "ZooKeeper answers (written back if they landed, so the next leader sends them): %s",
                 ", ".join(sorted(claim.name for claim in self._pending)),
             )
         self._heap = None
         self.on_leadership_end()
+
+    def _release_pending(self, final: bool = False) -> None:
+        """Not leading: write back our pending claims that landed, so whoever leads sends them.
+
+        Followers try on every pass until ZooKeeper answers; close() tries
+        once more, and logs what it leaves behind as possibly lost.
+        """
+        if not self._pending or self.ledger is None or self.zk_client is None:
+            return
+        if self.zk_client.state != KazooState.CONNECTED:
+            remaining = self._pending
+        else:
+            try:
+                remaining = release(self.ledger, self._pending)
+            except ZOOKEEPER_ERRORS as exc:
+                logger.debug("zkbeat: could not settle pending claims yet: %r", exc)
+                remaining = self._pending
+        self._pending = remaining
+        if final and remaining:
+            logger.error(
+                "zkbeat: stopping with claims recorded as run that were never sent and could not be written "
+                "back; these ticks are lost unless ZooKeeper did not commit them: %s",
+                ", ".join(f"{c.name} at {c.slot.isoformat()}" for c in remaining),
+            )
 
     def _check_clock(self, epoch: int) -> None:
         """Warn when this new leader's clock is far from ZooKeeper's (see zkbeat.clock)."""
@@ -433,6 +459,8 @@ class LeaderScheduleMixin:
         dues, later = self._scan(heap)
         if dues:
             later.extend(term.run(dues))
+        if self._heap is None:
+            return 0  # the pass replaced the schedule's entries: rebuild the heap now, not after a sleep
         self._push(later)
         if len(dues) >= MAX_BATCH:
             return 0
@@ -487,20 +515,29 @@ class LeaderScheduleMixin:
         try:
             is_due, next_time = self.is_due(entry)
         except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
-            text = repr(exc)
-            if self._broken.get(entry.name) != text:
-                self._broken[entry.name] = text
-                logger.error(
-                    "zkbeat: leaving out %s: its schedule cannot say when it is due (%s); asking again every %gs",
-                    entry.name,
-                    text,
-                    self.max_interval,
-                    exc_info=True,
-                )
+            self.leave_out(entry, exc, "schedule")
             return False, self.max_interval
-        if self._broken.pop(entry.name, None) is not None:
+        if self._broken.pop((entry.name, "schedule"), None) is not None:
             logger.info("zkbeat: %s is scheduled again", entry.name)
         return is_due, next_time
+
+    def leave_out(self, entry: beat.ScheduleEntry, exc: BaseException, what: str = "entry") -> None:
+        """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
+
+        Its schedule raised, its clock raised, or its name cannot be a znode.
+        It is tried again every ``max_interval``.
+        """
+        text = repr(exc)
+        if self._broken.get((entry.name, what)) == text:
+            return
+        self._broken[(entry.name, what)] = text
+        logger.error(
+            "zkbeat: leaving out %r: it cannot be scheduled (%s); trying again every %gs",
+            entry.name,
+            text,
+            self.max_interval,
+            exc_info=not isinstance(exc, (ValueError, TypeError)),
+        )
 
     def populate_heap(self, *args: Any, **kwargs: Any) -> None:
         """Celery's heap of entries, built so that one entry that raises cannot stop the rest."""

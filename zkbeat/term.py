@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import beat
 from celery.utils.time import maybe_make_aware
+from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from . import catchup
 from ._signals import hold_shutdown_signals
@@ -46,14 +48,14 @@ from .broker import forget as forget_broker
 from .broker import is_broker_error, wait_for_broker
 from .controls import TriggerInbox, TriggerRequest
 from .election import Fence
-from .exceptions import ClaimConflictError, FencedError
-from .ledger import ABSENT, Claim, EntryState, LedgerRecord, Pause
+from .exceptions import ClaimConflictError, ClaimRefusedError, FencedError
+from .ledger import ABSENT, Claim, ClaimResult, EntryState, Ledger, LedgerRecord, Pause
 from .ticks import grace_time, manual_task_id, message_options, slot_after, tick_slot
 
 if TYPE_CHECKING:
     from .scheduler import LeaderScheduleMixin
 
-__all__ = ["Fence", "Due", "Requeue", "PendingClaim", "Term", "RETRY_DELAY", "BROKER_WAIT"]
+__all__ = ["Fence", "Due", "Requeue", "PendingClaim", "Term", "write_back", "RETRY_DELAY", "BROKER_WAIT"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,13 @@ RETRY_DELAY = 1.0
 #: Longest a leader waits inside kombu's retry policy for the broker per pass
 #: (bounded by beat's max interval), so beat's loop still turns while it is down.
 BROKER_WAIT = 5.0
+#: Longest beat's shutdown signals are held over one claim-and-publish. A
+#: publish hung on a broker that went silent must not keep SIGTERM from
+#: working until TCP gives up (minutes): past this a signal goes through at
+#: once. The claims it leaves unsent are pending and written back at close().
+SIGNAL_HOLD_LIMIT = 30.0
+#: Errors after which a ZooKeeper write may or may not have landed.
+UNCERTAIN = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,8 @@ class _Tick:
     claim: Claim
     previous: EntryState
     settled: bool = False
+    #: Its message was being handed to kombu (it may have gone out).
+    sending: bool = False
     #: The entry's pause: its tick is only a check of the ledger (zkbeat.controls).
     paused: Pause | None = None
     #: The trigger request of a run-now.
@@ -197,9 +208,15 @@ class Term:
             self.known[name] = _Known(record.version, record.state)
             entry = schedule.get(name)
             state = record.state
-            if entry is None or state is None or scheduler.keeps_own_run(entry, state):
+            if entry is None or state is None:
                 continue
-            entry.last_run_at = _as_entry_time(entry, state.last_run_at, zones)
+            try:
+                if scheduler.keeps_own_run(entry, state):
+                    continue
+                entry.last_run_at = _as_entry_time(entry, state.last_run_at, zones)
+            except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
+                scheduler.leave_out(entry, exc)
+                continue
             entry.total_run_count = state.total_run_count
 
     def settle(self, records: dict[str, LedgerRecord] | None = None) -> None:
@@ -217,67 +234,68 @@ class Term:
                 landed.append((claim, record))
                 continue
             del self.pending[name]
-            self._report_unlanded(claim, record)
+            report_unlanded(claim, record)
             if record is not None:
                 self.merge({name: record})
         if landed:
-            producer = None if self.broker_down else self._producer(len(landed))
-            with hold_shutdown_signals():
-                for claim, record in landed:
-                    self._settle_landed(claim, record, producer)
+            self._settle_landed(landed)
         self.scheduler.invalidate_heap()
 
-    def _report_unlanded(self, claim: PendingClaim, record: LedgerRecord | None) -> None:
-        name, slot = claim.name, claim.slot.isoformat()
-        state = record.state if record is not None else None
-        if (record.version if record is not None else ABSENT) == claim.previous_version:
-            logger.info("zkbeat: the claim of %s at %s did not commit; the tick is still due", name, slot)
-        elif state == claim.previous:
-            logger.info("zkbeat: the claim of %s at %s was withdrawn; the tick is still due", name, slot)
-        else:
-            logger.warning(
-                "zkbeat: the claim of %s at %s was never confirmed, and the ledger has moved on (slot %s, epoch "
-                "%s): if that claim had landed, its tick was not published",
-                name,
-                slot,
-                state.slot.isoformat() if state is not None and state.slot else "unknown",
-                state.epoch if state is not None else "unknown",
-            )
-
-    def _settle_landed(self, claim: PendingClaim, record: LedgerRecord, producer: Any) -> None:
-        """Our unconfirmed claim committed: publish it late, or withdraw it if the broker is down."""
-        name, slot = claim.name, claim.slot.isoformat()
-        self.known[name] = _Known(record.version, record.state)
-        if producer is not None and not self.broker_down:
-            logger.info("zkbeat: the claim of %s at %s had committed; publishing it now", name, slot)
-            if self._publish(claim.entry, claim.slot, producer, claim.request):
-                del self.pending[name]
-                self._apply(name, claim.state)
-                return
-        if self._withdraw(name, claim.previous, record.version, claim.slot, claim.request):
-            del self.pending[name]
-            self._apply(name, claim.previous)
+    def _settle_landed(self, landed: list[tuple[PendingClaim, LedgerRecord]]) -> None:
+        """Our unconfirmed claims committed: publish them late, or write them back if the broker is down."""
+        producer = None if self.broker_down else self._producer(len(landed))
+        unsent = []
+        with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
+            for claim, record in landed:
+                self.known[claim.name] = _Known(record.version, record.state)
+                if producer is not None and not self.broker_down:
+                    slot = claim.slot.isoformat()
+                    logger.info("zkbeat: the claim of %s at %s had committed; publishing it now", claim.name, slot)
+                    if self._publish(claim.entry, claim.slot, producer, claim.request):
+                        del self.pending[claim.name]
+                        self._apply(claim.name, claim.state)
+                        continue
+                unsent.append(claim)
+        if unsent:
+            versions = {claim.name: self.known[claim.name].version for claim in unsent}
+            written = write_back(self.scheduler.ledger, unsent, self.fence.candidate, versions)
+            for claim in unsent:
+                if claim.name in written:
+                    del self.pending[claim.name]
+                    self.known[claim.name] = _Known(written[claim.name], claim.previous)
+                    self._apply(claim.name, claim.previous)
 
     def _apply(self, name: str, state: EntryState) -> None:
         """Set the schedule's entry to ``state`` (the ledger's, as this term just wrote it)."""
         entry = self.scheduler.schedule.get(name)
-        if entry is not None:
+        if entry is None:
+            return
+        try:
             entry.last_run_at = _as_entry_time(entry, state.last_run_at)
-            entry.total_run_count = state.total_run_count
+        except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
+            self.scheduler.leave_out(entry, exc)
+            return
+        entry.total_run_count = state.total_run_count
 
-    def resolve_conflict(self, names: list[str]) -> None:
-        """Someone else wrote these entries: re-read them and trust what they say."""
+    def resolve_conflict(self, conflicting: list[str], rolled_back: list[str]) -> None:
+        """Someone else wrote ``conflicting``: re-read every entry of the rolled-back batch, trust the ledger.
+
+        All of them in one read, not only the one ZooKeeper named: when
+        entries/ itself was deleted every one of them would conflict in
+        turn, one pass each. The entries are updated in place, so what the
+        pass puts back on beat's heap is already right.
+        """
         ledger = self.scheduler.ledger
+        names = list(dict.fromkeys([*conflicting, *rolled_back]))
         records = ledger.load(names)
         if any(name not in records for name in names):
             ledger.ensure()  # entries/ itself may be gone: claims create under it again
-        for name in names:
+        for name in conflicting:
             logger.warning("zkbeat: ledger entry %s changed underneath epoch %s; re-reading it", name, self.epoch)
-            record = records.get(name)
-            if record is None:
+        for name in names:
+            if name not in records and name not in self.pending:
                 self.known[name] = _Known(ABSENT)
         self.merge(records)
-        self.scheduler.invalidate_heap()
 
     # -- a pass ------------------------------------------------------------
 
@@ -285,14 +303,19 @@ class Term:
         """Claim the due entries in one fenced transaction, publish what committed.
 
         The caller settles pending claims first. Returns what goes back on
-        beat's heap. ZooKeeper errors propagate (after the affected claims
-        were recorded as pending); broker errors do not.
+        beat's heap. ZooKeeper errors propagate (after the claims they may
+        have landed were recorded as pending); broker errors do not. An
+        entry that cannot be planned (its clock raises, its name cannot be a
+        znode) is logged and left out for ``max_interval``.
         """
+        scheduler = self.scheduler
         requeue: list[Requeue] = []
         waiting = []
         for due in dues:
             if due.entry.name in self.pending:
                 requeue.append(Requeue(due.entry, due.priority, RETRY_DELAY))
+            elif not self._storable(due.entry):
+                requeue.append(Requeue(due.entry, due.priority, scheduler.max_interval))
             else:
                 waiting.append(due)
         waiting = self._recheck_unknown(waiting, requeue)
@@ -302,13 +325,18 @@ class Term:
         ticks = []
         try:
             for due in waiting:
-                ticks.append(self._plan(due, now))
+                try:
+                    ticks.append(self._plan(due, now))
+                except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
+                    scheduler.leave_out(due.entry, exc)
+                    requeue.append(Requeue(due.entry, due.priority, scheduler.max_interval))
+            if not ticks:
+                return requeue
             producer = self._producer(len(ticks))  # the broker answers, before anything is claimed
             if producer is None:
                 requeue.extend(Requeue(t.due.entry, t.due.priority, RETRY_DELAY) for t in ticks)
                 return requeue
-            with hold_shutdown_signals():
-                self._claim_and_publish(ticks, producer, now, requeue)
+            self._claim_and_publish(ticks, producer, now, requeue)
         finally:
             # A tick that did not run keeps its entry unadvanced (reserve() ran in _plan).
             for tick in ticks:
@@ -316,63 +344,149 @@ class Term:
                     self._unreserve(tick)
         return requeue
 
+    def _storable(self, entry: beat.ScheduleEntry) -> bool:
+        """Whether the ledger can hold this entry's name (a znode name); logged once if not."""
+        try:
+            self.scheduler.ledger.entry_path(entry.name)
+        except (ValueError, TypeError) as exc:
+            self.scheduler.leave_out(entry, exc)
+            return False
+        return True
+
     def _claim_and_publish(self, ticks: list[_Tick], producer: Any, now: datetime, requeue: list[Requeue]) -> None:
+        """The claim and the sends under held shutdown signals; withdrawals and re-reads after them.
+
+        Nothing that may wait on ZooKeeper beyond the claim itself runs while
+        the signals are held: withdrawing unsent ticks is one transaction
+        after the sends, and the ticks are pending until it commits, so a
+        signal in between leaves nothing lost (close() writes them back).
+        """
+        unsent: list[_Tick] = []
+        with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
+            result, error, uncertain = self._claim(ticks)
+            try:
+                for tick in ticks:
+                    version = result.committed.get(tick.name)
+                    if version is None:
+                        self._not_committed(tick, error, uncertain, requeue)
+                        continue
+                    self.known[tick.name] = _Known(version, tick.claim.state)
+                    if self._finish(tick, producer, now, requeue):
+                        continue
+                    self.pending[tick.name] = self._pending(tick)
+                    unsent.append(tick)
+            except BaseException:
+                self._interrupted(ticks, result)
+                raise
+        if unsent:
+            self._withdraw_unsent(unsent, requeue)
+        if isinstance(error, ClaimConflictError):
+            rolled_back = [tick.name for tick in ticks if tick.name not in result.committed]
+            self.resolve_conflict(error.names, rolled_back)
+        if error is not None and any(tick.request is not None for tick in ticks) and self.triggers:
+            self.triggers.again()
+        if isinstance(error, FencedError) or uncertain:
+            raise error
+
+    def _claim(self, ticks: list[_Tick]) -> tuple[ClaimResult, BaseException | None, bool]:
+        """The fenced claim: (what committed, why the rest did not, whether that is unknown)."""
         scheduler = self.scheduler
-        metrics = scheduler.metrics
         try:
             result = scheduler.ledger.claim([tick.claim for tick in ticks], self.fence.candidate)
-        except Exception:
-            # The commit may or may not have landed; remember what we wrote
-            # so that the next term can tell whether it did.
-            for tick in ticks:
-                if not tick.skip:
-                    self.pending[tick.name] = self._pending(tick)
-                requeue.append(Requeue(tick.due.entry, tick.due.priority, RETRY_DELAY))
-            raise
-        metrics.claims("committed", len(result.committed))
+        except UNCERTAIN as exc:
+            return ClaimResult(committed=dict(getattr(exc, "committed", {}))), exc, True
+        scheduler.metrics.claims("committed", len(result.committed))
         if result.error is not None:
             kind = "fenced" if isinstance(result.error, FencedError) else "conflicted"
-            metrics.claims(kind, len(ticks) - len(result.committed))
+            scheduler.metrics.claims(kind, len(ticks) - len(result.committed))
+        return result, result.error, False
+
+    def _not_committed(self, tick: _Tick, error: BaseException | None, uncertain: bool, requeue: list[Requeue]) -> None:
+        """A tick whose claim did not commit (or may have): put it back, or keep it pending."""
+        entry = tick.due.entry
+        if uncertain:
+            # The commit may or may not have landed; remember what we wrote
+            # so that a later term (or close()) can tell whether it did.
+            if not tick.skip and tick.paused is None:
+                self.pending[tick.name] = self._pending(tick)
+            requeue.append(Requeue(entry, tick.due.priority, RETRY_DELAY))
+        elif isinstance(error, ClaimRefusedError) and tick.name in error.names:
+            logger.warning(
+                "zkbeat: ZooKeeper refused the claim of entry %r under %s (%s): someone else's ACL is on it; "
+                "leaving it out for %gs, the other entries go on (epoch %s)",
+                tick.name,
+                self.scheduler.ledger.path,
+                type(error.cause).__name__,
+                self.scheduler.max_interval,
+                self.epoch,
+            )
+            requeue.append(Requeue(entry, tick.due.priority, self.scheduler.max_interval))
+        elif tick.request is None:
+            requeue.append(Requeue(entry, tick.due.priority, self._conflict_delay(tick.name, error)))
+
+    def _finish(self, tick: _Tick, producer: Any, now: datetime, requeue: list[Requeue]) -> bool:
+        """Publish (or skip, or hold back) one committed tick. False if the broker could not take it."""
+        entry = tick.due.entry
+        if tick.paused is not None:
+            self._report_paused(tick)
+        elif tick.skip:
+            logger.warning(
+                "zkbeat: skipping %s: its tick at %s is %.1fs late, %s (%s, epoch %s)",
+                tick.name,
+                tick.slot.isoformat(),
+                (now - tick.slot).total_seconds(),
+                tick.why,
+                self.identity,
+                self.epoch,
+            )
+        else:
+            # Once the broker is gone the rest of the batch is withdrawn
+            # unsent, instead of each waiting out kombu's retries in turn.
+            if self.broker_down:
+                return False
+            tick.sending = True
+            if not self._publish(entry, tick.slot, producer, tick.request):
+                tick.sending = False
+                return False
+        tick.settled = True
+        if tick.request is not None:
+            entry.total_run_count = tick.claim.state.total_run_count  # a run-now leaves the schedule alone
+            return True
+        self.scheduler.schedule[tick.name] = tick.next_entry
+        delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
+        requeue.append(Requeue(tick.next_entry, tick.due.priority, delay))
+        return True
+
+    def _interrupted(self, ticks: list[_Tick], result: ClaimResult) -> None:
+        """A signal (or anything) cut the sends short: what committed and was not sent stays pending.
+
+        The tick whose send was cut may have reached the broker: it is not
+        written back (at most once), and the log says so.
+        """
         for tick in ticks:
-            entry = tick.due.entry
-            version = result.committed.get(tick.name)
-            if version is None:
-                requeue.append(Requeue(entry, tick.due.priority, self._conflict_delay(tick.name, result.error)))
+            if tick.settled or tick.name not in result.committed or tick.name in self.pending:
                 continue
-            self.known[tick.name] = _Known(version, tick.claim.state)
-            if tick.paused is not None:
-                self._report_paused(tick)
-            elif tick.skip:
-                logger.warning(
-                    "zkbeat: skipping %s: its tick at %s is %.1fs late, %s (%s, epoch %s)",
+            if tick.sending:
+                logger.error(
+                    "zkbeat: the send of %s at %s was cut short; it may or may not have reached the broker, "
+                    "and is not sent again",
                     tick.name,
                     tick.slot.isoformat(),
-                    (now - tick.slot).total_seconds(),
-                    tick.why,
-                    self.identity,
-                    self.epoch,
                 )
-            elif self.broker_down or not self._publish(entry, tick.slot, producer, tick.request):
-                # Once the broker is gone the rest of the batch is withdrawn
-                # unsent, instead of each waiting out kombu's retries in turn.
-                if not self._withdraw(tick.name, tick.previous, version, tick.slot, tick.request):
-                    self.pending[tick.name] = self._pending(tick)
-                if tick.request is None:
-                    requeue.append(Requeue(entry, tick.due.priority, RETRY_DELAY))
-                continue
-            tick.settled = True
-            if tick.request is not None:
-                entry.total_run_count = tick.claim.state.total_run_count  # a run-now leaves the schedule alone
-                continue
-            scheduler.schedule[tick.name] = tick.next_entry
-            delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
-            requeue.append(Requeue(tick.next_entry, tick.due.priority, delay))
-        if isinstance(result.error, ClaimConflictError):
-            self.resolve_conflict(result.error.names)
-        if result.error is not None and any(tick.request is not None for tick in ticks) and self.triggers:
-            self.triggers.again()
-        if isinstance(result.error, FencedError):
-            raise result.error
+            elif not tick.skip and tick.paused is None:
+                self.pending[tick.name] = self._pending(tick)
+
+    def _withdraw_unsent(self, unsent: list[_Tick], requeue: list[Requeue]) -> None:
+        """Write the pre-claim state of every unsent tick back, in one transaction, so they stay due."""
+        claims = [self.pending[tick.name] for tick in unsent]
+        versions = {tick.name: self.known[tick.name].version for tick in unsent}
+        withdrawn = write_back(self.scheduler.ledger, claims, self.fence.candidate, versions)
+        for tick in unsent:
+            if tick.name in withdrawn:
+                del self.pending[tick.name]
+                self.known[tick.name] = _Known(withdrawn[tick.name], tick.previous)
+            if tick.request is None:
+                requeue.append(Requeue(tick.due.entry, tick.due.priority, RETRY_DELAY))
 
     def run_manual(self, requests: list[TriggerRequest]) -> None:
         """Run each trigger request once, consumed by the fenced claim that records the run.
@@ -415,8 +529,7 @@ class Term:
         if producer is None:
             self.triggers.again()
             return
-        with hold_shutdown_signals():
-            self._claim_and_publish(ticks, producer, now, [])  # a run-now puts nothing back on the heap
+        self._claim_and_publish(ticks, producer, now, [])  # a run-now puts nothing back on the heap
 
     def _report_paused(self, tick: _Tick) -> None:
         """Say once per pause that an entry's ticks are held back, and by whom."""
@@ -467,14 +580,20 @@ class Term:
             updated_at=now,
         )
         next_entry = self.scheduler.reserve(entry)
-        if skip:
-            next_entry.total_run_count = entry.total_run_count  # a skip is not a run
-        next_delay = None
-        if decision.advance_to is not None:
-            next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
-            next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
+        try:
+            if skip:
+                next_entry.total_run_count = entry.total_run_count  # a skip is not a run
+            next_delay = None
+            if decision.advance_to is not None:
+                next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
+                next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
+            last_run_at = maybe_make_aware(next_entry.last_run_at)
+        except BaseException:
+            if self.scheduler.schedule.get(entry.name) is next_entry:
+                self.scheduler.schedule[entry.name] = entry  # reserve() stored it: not advanced after all
+            raise
         state = EntryState(
-            last_run_at=maybe_make_aware(next_entry.last_run_at),
+            last_run_at=last_run_at,
             total_run_count=next_entry.total_run_count,
             epoch=self.epoch,
             updated_at=now,
@@ -527,38 +646,6 @@ class Term:
         return still_due
 
     # -- ledger writes besides the claim -------------------------------------
-
-    def _withdraw(
-        self, name: str, previous: EntryState, version: int, slot: datetime, request: TriggerRequest | None = None
-    ) -> bool:
-        """Write the pre-claim state back over our claim, so the tick stays due.
-
-        A run-now's request is put back in the same transaction. False if
-        that did not commit (or its reply was lost): the caller keeps the
-        claim pending, and a later term publishes or withdraws it.
-        """
-        restore = (request.path, request.raw) if request is not None else None
-        try:
-            claim = Claim(name, previous, version, restore=restore)
-            result = self.scheduler.ledger.claim([claim], self.fence.candidate)
-            error: Exception | None = result.error
-        except Exception as exc:  # noqa: BLE001 - reported below; the pass goes on
-            error = exc
-        if error is None:
-            self.known[name] = _Known(result.committed[name], previous)
-            logger.info("zkbeat: %s will be retried: its claim is withdrawn", name)
-            return True
-        logger.error(
-            "zkbeat: the tick of %s at %s is recorded as run but was not published, and could not be withdrawn "
-            "(%r); it stays pending: published or withdrawn when this replica leads again, unless another "
-            "leader runs %s first",
-            name,
-            slot.isoformat(),
-            error,
-            name,
-        )
-        self.known.pop(name, None)
-        return False
 
     # -- the broker --------------------------------------------------------
 
@@ -641,6 +728,89 @@ class Term:
             except Exception as exc:  # noqa: BLE001 - the run is out; only the receipt is missing
                 logger.warning("zkbeat: %s was published but its receipt could not be written: %r", request.path, exc)
         return True
+
+
+def report_unlanded(claim: PendingClaim, record: LedgerRecord | None) -> None:
+    """Say what became of a pending claim the ledger does not hold (any more)."""
+    name, slot = claim.name, claim.slot.isoformat()
+    state = record.state if record is not None else None
+    if (record.version if record is not None else ABSENT) == claim.previous_version:
+        logger.info("zkbeat: the claim of %s at %s did not commit; the tick is still due", name, slot)
+    elif state == claim.previous:
+        logger.info("zkbeat: the claim of %s at %s was written back; the tick is still due", name, slot)
+    else:
+        logger.warning(
+            "zkbeat: the claim of %s at %s was never confirmed, and the ledger has moved on (slot %s, epoch "
+            "%s): if that claim had landed, its tick was not published",
+            name,
+            slot,
+            state.slot.isoformat() if state is not None and state.slot else "unknown",
+            state.epoch if state is not None else "unknown",
+        )
+
+
+def write_back(
+    ledger: Ledger, claims: list[PendingClaim], fence: str | None, versions: dict[str, int]
+) -> dict[str, int]:
+    """Write each claim's pre-claim state over it, in one transaction, so its tick stays due.
+
+    Compare-and-set at ``versions`` (the version our claim gave the znode):
+    if anyone wrote the entry since, nothing is overwritten. A run-now's
+    request is put back with it. Returns the new version of each claim
+    written back; the others stay pending (logged), for a later term or
+    close() to write back.
+    """
+    writes = [
+        Claim(c.name, c.previous, versions[c.name], restore=(c.request.path, c.request.raw) if c.request else None)
+        for c in claims
+    ]
+    try:
+        result = ledger.claim(writes, fence)
+        error: BaseException | None = result.error
+        committed = result.committed
+    except Exception as exc:  # noqa: BLE001 - reported below; they stay pending
+        error, committed = exc, dict(getattr(exc, "committed", {}))
+    for claim in claims:
+        if claim.name in committed:
+            logger.info(
+                "zkbeat: the claim of %s at %s was not sent; it is written back, so the tick stays due",
+                claim.name,
+                claim.slot.isoformat(),
+            )
+    if error is not None:
+        logger.error(
+            "zkbeat: ticks recorded as run but not published could not be written back (%r): %s; they stay "
+            "pending, and are written back when this replica leads again or stops",
+            error,
+            ", ".join(f"{c.name} at {c.slot.isoformat()}" for c in claims if c.name not in committed),
+        )
+    return committed
+
+
+def release(ledger: Ledger, claims: list[PendingClaim]) -> list[PendingClaim]:
+    """Write back the pending claims that landed, without leading (at close(), or while following).
+
+    Needs no fence: the compare-and-set at the version our claim wrote
+    succeeds only if nobody has written the entry since, and a leader that
+    read our claim then conflicts and re-reads. Returns the claims still
+    pending (ZooKeeper could not be asked, or did not answer).
+    """
+    if not claims:
+        return []
+    ledger.sync()
+    records = ledger.load([claim.name for claim in claims])
+    landed, versions = [], {}
+    for claim in claims:
+        record = records.get(claim.name)
+        if record is not None and record.state == claim.state:
+            landed.append(claim)
+            versions[claim.name] = record.version
+        else:
+            report_unlanded(claim, record)
+    if not landed:
+        return []
+    written = write_back(ledger, landed, None, versions)
+    return [claim for claim in landed if claim.name not in written]
 
 
 def _as_entry_time(entry: beat.ScheduleEntry, moment: datetime, zones: dict[tuple, Any] | None = None) -> datetime:
