@@ -152,3 +152,23 @@ def test_without_confirms_a_message_handed_to_a_cut_link_is_lost(
     queued = [h["zkbeat-slot"] for h in drain(rabbit, "celery")]
     assert not set(lost) & set(queued), "the ticks sent into the cut link never reached the queue"
     assert set(queued) == {h["zkbeat-slot"] for h in published.headers} - set(lost)
+
+
+def test_a_nack_arrives_wrapped_and_is_not_taken_for_an_outage(rabbit: RabbitBroker) -> None:
+    """A nacked publish raises OperationalError from MessageNacked, a recoverable error; is_broker_error says no."""
+    from amqp.exceptions import MessageNacked
+    from celery import Celery
+    from kombu.exceptions import OperationalError
+
+    from zkbeat.broker import _chain, is_broker_error
+
+    declare_full_queue(rabbit)
+    app = Celery("nack", set_as_current=False)
+    app.conf.update(broker_url=rabbit.url, **CONFIRMS)
+    with app.connection_for_write() as connection, pytest.raises(OperationalError) as raised:
+        app.send_task("nack.t", exchange="full", routing_key="full", connection=connection)
+    kinds = [type(exc) for exc in _chain(raised.value)]
+    assert kinds == [OperationalError, MessageNacked]
+    with app.connection_for_write() as connection:
+        assert MessageNacked in connection.recoverable_connection_errors, "why the chain must be read, not the types"
+        assert not is_broker_error(raised.value, connection)
