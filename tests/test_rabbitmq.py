@@ -8,6 +8,8 @@ with ``x-overflow: reject-publish``) is nacked: the leader logs it, counts the
 tick as run and keeps leading, since a refusal is not an outage. Without
 confirms the same message is lost silently, as is one handed to the socket
 while the broker cannot take it: the two limits docs/guarantees.md states.
+With confirms and a ``confirm_timeout``, an ack that never comes on a cut
+link is a broker outage: the tick is withdrawn and sent once, later.
 """
 
 from __future__ import annotations
@@ -172,3 +174,28 @@ def test_a_nack_arrives_wrapped_and_is_not_taken_for_an_outage(rabbit: RabbitBro
     with app.connection_for_write() as connection:
         assert MessageNacked in connection.recoverable_connection_errors, "why the chain must be read, not the types"
         assert not is_broker_error(raised.value, connection)
+
+
+def test_with_confirms_and_a_confirm_timeout_a_cut_link_withdraws_the_tick_and_sends_it_once(
+    make_scheduler, rabbit: RabbitBroker, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ack that does not come on a black-holed link times out: a broker error, the tick withdrawn, then sent once."""
+    scheduler = make_scheduler({"tidy": every(0.3, options={"confirm_timeout": 1})}, broker_url=rabbit.url, **CONFIRMS)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= 2, timeout=10)
+    rabbit.proxy.blackhole()
+    before = len(published.headers)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(
+            lambda: scheduler.tick() is not None and "could not publish tidy" in caplog.text,
+            timeout=60,
+            message=lambda: caplog.text,
+        )
+        assert len(published.headers) == before, "nothing counts as sent without its ack"
+        rabbit.proxy.heal()
+        wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= before + 2, timeout=30)
+    assert "withdrawn" in caplog.text and "reachable again" in caplog.text
+    assert scheduler.election.is_leader
+    queued = [h["zkbeat-slot"] for h in drain(rabbit, "celery")]
+    sent = [h["zkbeat-slot"] for h in published.headers]
+    assert queued == sent and len(set(sent)) == len(sent), "each tick in the queue once"
