@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make demo     run 3 beat replicas on a local ZooKeeper + Redis, kill the leader, show what happened"
+	@echo "              (BROKER=amqp://guest:guest@127.0.0.1:5672// runs it on that broker instead of Redis)"
 	@echo "make test     install what is missing and run the whole suite against real servers"
 	@echo "make lint     ruff"
 	@echo "make docs     the manual (Sphinx) into docs/_build/html, warnings as errors"
@@ -22,7 +23,9 @@ install: system-deps $(VENV)/.installed
 
 # Servers the tests and the demo start themselves: ZooKeeper (Debian's
 # package, on the installed Java) and redis-server; faketime (libfaketime)
-# skews the clocks of replicas in the clock-skew tests.
+# skews the clocks of replicas in the clock-skew tests. RabbitMQ is only
+# checked: the tests use the machine's own on 127.0.0.1:5672 (guest/guest),
+# in vhosts of their own, and never start or stop one.
 system-deps:
 	@missing=""; \
 	[ -f /usr/share/java/zookeeper.jar ] || missing="$$missing zookeeper"; \
@@ -34,6 +37,10 @@ system-deps:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
 	fi
+	@command -v rabbitmqctl >/dev/null || [ -x /usr/sbin/rabbitmqctl ] || \
+	  echo "warning: rabbitmq-server is not installed; the RabbitMQ tests will fail: apt-get install -y rabbitmq-server, then rabbitmq-server -detached"
+	@$(PYTHON) -c 'import socket; socket.create_connection(("127.0.0.1", 5672), timeout=3).close()' 2>/dev/null || \
+	  echo "warning: nothing listens on 127.0.0.1:5672; the RabbitMQ tests will fail: start it with rabbitmq-server -detached"
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
@@ -63,8 +70,12 @@ $(VENV)/.installed-docs: $(VENV)/.installed setup.cfg
 docs: install $(VENV)/.installed-docs
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
+# BROKER=<url>: a broker you run (RabbitMQ: amqp://guest:guest@127.0.0.1:5672//)
+# instead of the private Redis the demo starts.
+BROKER ?=
+
 demo: install
-	$(BIN)/python -m demo
+	BROKER='$(BROKER)' $(BIN)/python -m demo
 
 # Benchmarks (bench/, never part of `make test`): zkbeat side by side
 # with celery beat and celery-redbeat on ZooKeeper and Redis started for the

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit, urlunsplit
 
 from demo.cluster import BEAT_COMMAND, EXAMPLE_PROJECT, ROOT, WORKER_COMMAND, Child, Event, parse
 from demo.report import Handover, format_table, rows
@@ -27,8 +28,10 @@ class DemoError(Exception):
 
 
 class Demo:
-    def __init__(self, replicas: int) -> None:
+    def __init__(self, replicas: int, broker: str | None = None) -> None:
         self.n = replicas
+        #: A broker the user runs (e.g. RabbitMQ); None: a private Redis, started and stopped here.
+        self.broker = broker
         self.started = time.time()
         self.servers: list[ZooKeeperServer | RedisServer] = []
         self.worker: Child | None = None
@@ -137,19 +140,26 @@ class Demo:
     # -- set-up ------------------------------------------------------------
 
     def start_servers(self) -> dict[str, str]:
-        zookeeper, redis_server = ZooKeeperServer(tick_time=500), RedisServer()
-        self.servers += [zookeeper, redis_server]
+        """ZooKeeper, and Redis as the broker unless the user named one (Redis is needed for nothing else)."""
+        zookeeper = ZooKeeperServer(tick_time=500)
+        self.servers.append(zookeeper)
         zookeeper.launch()
-        redis_server.launch()
+        if self.broker is None:
+            redis_server = RedisServer()
+            self.servers.append(redis_server)
+            redis_server.launch()
+            redis_server.wait_ready()
+            broker, shown = redis_server.url, f"Redis on {redis_server.url}"
+        else:
+            broker, shown = self.broker, f"the broker at {_redacted(self.broker)}"
         zookeeper.wait_ready()
-        redis_server.wait_ready()
-        self.say(f"ZooKeeper on {zookeeper.hosts} and Redis on {redis_server.url} are up")
+        self.say(f"ZooKeeper on {zookeeper.hosts} and {shown} are up")
         env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
         env.update(
             DJANGO_SETTINGS_MODULE="proj.settings",
             PROJ_SQLITE_PATH=str(WORKDIR / "db.sqlite3"),
             PROJ_FAST_SCHEDULE="1",
-            CELERY_BROKER_URL=redis_server.url,
+            CELERY_BROKER_URL=broker,
             ZKBEAT_HOSTS=zookeeper.hosts,
             ZKBEAT_SESSION_TIMEOUT=str(SESSION_TIMEOUT),
             PYTHONPATH=os.pathsep.join([str(EXAMPLE_PROJECT), str(ROOT)]),
@@ -224,6 +234,15 @@ class Demo:
         print(f"\nstopped everything the demo started; logs are in {WORKDIR.relative_to(ROOT)}/", flush=True)
 
 
+def _redacted(url: str) -> str:
+    """``url`` without its password, for the narration."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _now() -> datetime:
     from django.utils import timezone
 
@@ -237,12 +256,18 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--replicas", type=int, default=3, help="beat replicas to start (at least 3)")
+    parser.add_argument(
+        "--broker",
+        default=os.environ.get("BROKER") or None,
+        help="a running broker to use, e.g. amqp://guest:guest@127.0.0.1:5672// (default: $BROKER, "
+        "else a private Redis the demo starts)",
+    )
     args = parser.parse_args(argv)
     if args.replicas < 3:
         parser.error("the story needs 3 replicas: one to kill, one to stop, one to finish")
     shutil.rmtree(WORKDIR, ignore_errors=True)
     WORKDIR.mkdir()
-    demo = Demo(args.replicas)
+    demo = Demo(args.replicas, args.broker)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return demo.run()

@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 
 pytest.register_assert_rewrite("tests.support")  # before the imports below: their asserts explain themselves
 
+from tests.support.brokers import BROKERS, TestBroker, make_broker  # noqa: E402
 from tests.support.djangosupport import DjangoCluster, replica_env  # noqa: E402
 from tests.support.helpers import Published  # noqa: E402
 from tests.support.processes import ENTRIES, SESSION, Cluster  # noqa: E402
@@ -62,6 +63,19 @@ def redis_server() -> Iterator[RedisServer]:
     """One Redis shared by the whole run."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(params=BROKERS)
+def broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """The broker of one test, once on Redis and once on RabbitMQ (py-amqp): ``url``, ``outage()``, ``restore()``.
+
+    Redis is a private server; RabbitMQ is the machine's own, in a vhost of
+    the test's own, behind a proxy (tests/support/brokers.py). Pass
+    ``broker=broker.url`` to ``make_cluster``: the record of what was
+    published stays in the shared Redis, so an outage never hides it.
+    """
+    with make_broker(request.param, re.sub(r"[^A-Za-z0-9_]", "_", request.node.originalname)) as made:
+        yield made
 
 
 @pytest.fixture
@@ -153,11 +167,11 @@ def make_cluster(
 
     ``make_cluster(n, hosts=..., schedule=..., broker=..., session_timeout=..., extra_env=...)``:
     ``hosts`` defaults to the shared ZooKeeper (started only when used),
-    ``schedule`` ({name: seconds}) to ``ENTRIES``, ``broker`` to the shared
-    Redis, which always keeps the record of what was published (so a broker
-    the test stops cannot erase it). With ``zkbeat.DatabaseScheduler`` the
-    replicas are the example project's on ``beat_db``, and its rows are the
-    schedule.
+    ``schedule`` ({name: seconds}) to ``ENTRIES``, ``broker`` (a URL, e.g.
+    the ``broker`` fixture's) to the shared Redis, which always keeps the
+    record of what was published (so a broker the test stops cannot erase
+    it). With ``zkbeat.DatabaseScheduler`` the replicas are the example
+    project's on ``beat_db``, and its rows are the schedule.
     """
     made: list[Cluster | DjangoCluster] = []
 
@@ -172,12 +186,13 @@ def make_cluster(
     ) -> Cluster | DjangoCluster:
         hosts = hosts or request.getfixturevalue("zk_server").hosts
         if beat_scheduler == "zkbeat.DatabaseScheduler":
-            if schedule is not None or broker is not None:
-                raise TypeError("a DatabaseScheduler cluster's schedule is its rows, its broker the shared Redis")
+            if schedule is not None:
+                raise TypeError("a DatabaseScheduler cluster's schedule is its rows")
             env = replica_env(
                 database_url=request.getfixturevalue("beat_db"),
                 zk_hosts=hosts,
-                broker=redis_server.url,
+                broker=broker or redis_server.url,
+                record_url=redis_server.url,
                 root=zk_root,
                 record_key=f"zkbeat-test:{zk_root}",
                 session_timeout=session_timeout,

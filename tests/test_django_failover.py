@@ -19,6 +19,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
+from tests.support.brokers import TestBroker
 from tests.support.djangosupport import (
     DjangoCluster,
     interval_task,
@@ -51,12 +52,12 @@ def next_leader(cluster: DjangoCluster, old_pid: int, since: float, timeout: flo
 
 
 def test_kill_9_then_sigterm_each_tick_once_and_only_leaders_write(
-    make_cluster: MakeCluster, zk_client: KazooClient
+    make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker
 ) -> None:
     """kill -9 the leader, then SIGTERM the next: every tick once, and only replicas that led wrote the tables."""
     interval_task("cleanup", 1)
     interval_task("aggregate", 1, task="jobs.aggregate_analytics")
-    cluster = make_cluster(4).start()
+    cluster = make_cluster(4, broker=broker.url).start()
     first = wait_for(lambda: cluster.publishes("cleanup"), timeout=40, message=cluster.logs)[0]
     leader = cluster.replica(first.pid)
     wait_for(lambda: len(published_by(cluster, leader.pid, "cleanup")) >= 4, timeout=20, message=cluster.logs)

@@ -1,6 +1,7 @@
 """The promise, proven with real ``celery beat`` processes and real signals.
 
-Each test runs replicas of one app against real ZooKeeper and Redis, does
+Each test runs replicas of one app against real ZooKeeper and a real broker
+(the signal tests twice: on Redis and on RabbitMQ, the ``broker`` fixture), does
 something unkind to the leader, and then counts what every replica actually
 published (recorded from ``after_task_publish``) with the accounting of
 tests/support/accounting.py: no (entry, slot) twice, no repeat under another
@@ -20,6 +21,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
+from tests.support.brokers import TestBroker
 from tests.support.helpers import wait_for
 from tests.support.processes import ENTRIES, SESSION, Cluster, Publish
 from tests.support.servers import ZooKeeperServer
@@ -67,9 +69,9 @@ def test_three_replicas_publish_each_tick_once(make_cluster: MakeCluster, zk_cli
     assert_clean(accounting(cluster, zk_client), cluster.logs())
 
 
-def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_client: KazooClient) -> None:
+def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker) -> None:
     """kill -9 the leader three times: another takes over each time; nothing twice; nothing lost but in flight."""
-    cluster = make_cluster(3).start()
+    cluster = make_cluster(3, broker=broker.url).start()
     first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
     leader_pid = first.pid
     kills: list[tuple[int, float]] = []
@@ -94,9 +96,9 @@ def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_client: K
     assert_clean(accounting(cluster, zk_client, kills=kills), cluster.logs())
 
 
-def test_sigterm_hands_over_at_once(make_cluster: MakeCluster, zk_client: KazooClient) -> None:
+def test_sigterm_hands_over_at_once(make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker) -> None:
     """SIGTERM: the leader exits cleanly and the next replica, woken by its watch, misses no 1 s tick."""
-    cluster = make_cluster(3, extra_env={"ZKBEAT_TEST_MAX_INTERVAL": "5"}).start()
+    cluster = make_cluster(3, broker=broker.url, extra_env={"ZKBEAT_TEST_MAX_INTERVAL": "5"}).start()
     first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
     leader = next(r for r in cluster.replicas if r.pid == first.pid)
     wait_for(lambda: len(publishes_by(cluster, leader.pid)) >= 6, timeout=20)
@@ -112,10 +114,10 @@ def test_sigterm_hands_over_at_once(make_cluster: MakeCluster, zk_client: KazooC
 
 
 def test_paused_zombie_leader_publishes_nothing_after_resuming(
-    make_cluster: MakeCluster, zk_client: KazooClient
+    make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker
 ) -> None:
     """SIGSTOP the leader past its session timeout, let another lead, SIGCONT: the zombie publishes nothing more."""
-    cluster = make_cluster(3).start()
+    cluster = make_cluster(3, broker=broker.url).start()
     first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
     zombie = next(r for r in cluster.replicas if r.pid == first.pid)
     wait_for(lambda: len(publishes_by(cluster, zombie.pid)) >= 3, timeout=20)
@@ -132,9 +134,11 @@ def test_paused_zombie_leader_publishes_nothing_after_resuming(
     assert_clean(accounting(cluster, zk_client), cluster.logs())
 
 
-def test_sigterm_between_commit_and_publish_loses_no_tick(make_cluster: MakeCluster, zk_client: KazooClient) -> None:
+def test_sigterm_between_commit_and_publish_loses_no_tick(
+    make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker
+) -> None:
     """A SIGTERM landing after the ledger commit is held until the message is sent, then honoured."""
-    cluster = make_cluster(0, schedule={"alpha": 1})
+    cluster = make_cluster(0, schedule={"alpha": 1}, broker=broker.url)
     doomed = cluster.add({"ZKBEAT_TEST_SIGTERM_ON_PUBLISH": "1"})
     wait_for(doomed.is_leader_by_log, timeout=20, message=doomed.log)
     heir = cluster.add()

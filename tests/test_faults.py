@@ -17,11 +17,12 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
+from tests.support.brokers import TestBroker
 from tests.support.faults import candidates, leader_session, member_holding
 from tests.support.helpers import wait_for
 from tests.support.processes import ENTRIES, Cluster, Publish
 from tests.support.proxy import TcpProxy
-from tests.support.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
+from tests.support.servers import ZooKeeperEnsemble, ZooKeeperServer
 
 pytestmark = pytest.mark.processes
 
@@ -139,32 +140,35 @@ BROKER_OUTAGE = 30.0
 
 
 def test_broker_outage_under_a_running_leader(
-    make_cluster: MakeCluster, zk_server: ZooKeeperServer, zk_client: KazooClient
+    make_cluster: MakeCluster, zk_server: ZooKeeperServer, zk_client: KazooClient, broker: TestBroker
 ) -> None:
-    """Redis stopped for 30 s: beat lives, due ticks go out once when it is back, or are skipped past grace."""
-    with RedisServer() as broker:
-        cluster = make_cluster(
-            2,
-            hosts=zk_server.hosts,
-            broker=broker.url,
-            extra_env={
-                "ZKBEAT_TEST_ENTRY_OPTIONS": json.dumps(
-                    {
-                        "alpha": {"zkbeat_misfire_grace_time": BROKER_OUTAGE * 3},
-                        "gamma": {"zkbeat_misfire_grace_time": 2},
-                    }
-                )
-            },
-        ).start()
-        first = settle(cluster, 6, 0)[0]
-        broker.stop()
-        stopped_at = time.time()
-        wait_for(lambda: time.time() - stopped_at > BROKER_OUTAGE, timeout=BROKER_OUTAGE + 5)
-        restarted_at = time.time()
-        broker.start()
-        settle(cluster, 3 * 6, restarted_at, timeout=60)
-        assert all(r.alive for r in cluster.replicas), "beat died"
-        report = accounting(cluster, zk_client)
+    """The broker gone for 30 s: beat lives, due ticks go out once when it is back, or are skipped past grace.
+
+    Redis is stopped; RabbitMQ (which the tests never stop) is taken away by
+    its proxy: every connection reset, new ones refused.
+    """
+    cluster = make_cluster(
+        2,
+        hosts=zk_server.hosts,
+        broker=broker.url,
+        extra_env={
+            "ZKBEAT_TEST_ENTRY_OPTIONS": json.dumps(
+                {
+                    "alpha": {"zkbeat_misfire_grace_time": BROKER_OUTAGE * 3},
+                    "gamma": {"zkbeat_misfire_grace_time": 2},
+                }
+            )
+        },
+    ).start()
+    first = settle(cluster, 6, 0)[0]
+    broker.outage()
+    stopped_at = time.time()
+    wait_for(lambda: time.time() - stopped_at > BROKER_OUTAGE, timeout=BROKER_OUTAGE + 5)
+    restarted_at = time.time()
+    broker.restore()
+    settle(cluster, 3 * 6, restarted_at, timeout=60)
+    assert all(r.alive for r in cluster.replicas), "beat died"
+    report = accounting(cluster, zk_client)
     rows = cluster.publishes()
     assert [p for p in rows if stopped_at + 1 < p.at < restarted_at] == []
     assert {p.epoch for p in rows} == {first.epoch}, "the broker outage moved leadership"

@@ -21,8 +21,11 @@ __all__ = ["app"]
 
 app.conf.beat_max_loop_interval = float(os.environ.get("ZKBEAT_TEST_MAX_INTERVAL", "1"))
 
+# The record lives in Redis even when the broker is RabbitMQ (or is down).
 record_publishes(
-    os.environ["CELERY_BROKER_URL"], os.environ["ZKBEAT_TEST_RECORD_KEY"], os.environ.get("ZKBEAT_IDENTITY")
+    os.environ.get("ZKBEAT_TEST_RECORD_URL") or os.environ["CELERY_BROKER_URL"],
+    os.environ["ZKBEAT_TEST_RECORD_KEY"],
+    os.environ.get("ZKBEAT_IDENTITY"),
 )
 KILL_AFTER = os.environ.get("ZKBEAT_TEST_KILL_AFTER")
 

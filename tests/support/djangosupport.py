@@ -222,11 +222,15 @@ class DjangoReplica(Replica):
 
 
 def replica_env(*, database_url: str, zk_hosts: str, broker: str, root: str, record_key: str,
-                session_timeout: float = 2.0) -> dict[str, str]:  # fmt: skip
-    """The environment every replica of one test shares (same image, same config)."""
+                session_timeout: float = 2.0, record_url: str | None = None) -> dict[str, str]:  # fmt: skip
+    """The environment every replica of one test shares (same image, same config).
+
+    ``record_url`` is the Redis that keeps the record of publishes (default: the broker).
+    """
     return {
         "DATABASE_URL": database_url,
         "CELERY_BROKER_URL": broker,
+        "ZKBEAT_TEST_RECORD_URL": record_url or broker,
         "ZKBEAT_HOSTS": zk_hosts,
         "ZKBEAT_ROOT": root,
         "ZKBEAT_SESSION_TIMEOUT": str(session_timeout),
@@ -247,7 +251,7 @@ class DjangoCluster:
     def __init__(self, n: int, env: dict[str, str], log_dir: Path, extra_env: dict[str, str] | None = None) -> None:
         self.env = {**env, **(extra_env or {})}
         self.log_dir = log_dir
-        self.redis = redis.Redis.from_url(env["CELERY_BROKER_URL"])
+        self.redis = redis.Redis.from_url(env.get("ZKBEAT_TEST_RECORD_URL") or env["CELERY_BROKER_URL"])
         self.record_key = env["ZKBEAT_TEST_RECORD_KEY"]
         self.root = env["ZKBEAT_ROOT"]
         self.replicas: list[DjangoReplica] = []

@@ -9,6 +9,11 @@ so the client only learns of it through its own timeouts, as in production.
 When the link heals, connections that lost bytes are reset (their streams
 are corrupt; real TCP would have given up on them too) and new ones are
 forwarded again.
+
+``reset()`` is the other kind of outage, a server that went away: every
+connection is reset (RST) and new ones are refused until ``heal()``, so a
+test can take a server it must not stop (the machine's RabbitMQ) away from
+the replicas, as a stopped server would be.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+import struct
 import threading
 
 __all__ = ["TcpProxy"]
@@ -51,6 +57,10 @@ class TcpProxy:
         self._pairs: list[_Pair] = []
         self._lock = threading.Lock()
         self._blackholed = False
+        #: Bytes from clients dropped while black-holed (a test waits on it to know they are gone).
+        self.dropped = 0
+        self._refusing = False
+        self._reset_requested = False
         self._heal_requested = False
         self._closed = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -75,10 +85,18 @@ class TcpProxy:
             self._blackholed = True
         self._wake()
 
+    def reset(self) -> None:
+        """From now on act as a server that is gone: reset every connection, refuse new ones."""
+        with self._lock:
+            self._refusing = True
+            self._reset_requested = True
+        self._wake()
+
     def heal(self) -> None:
         """Forward again; connections that lost bytes are reset."""
         with self._lock:
             self._blackholed = False
+            self._refusing = False
             self._heal_requested = True
         self._wake()
 
@@ -117,6 +135,10 @@ class TcpProxy:
                     self._pump(key.fileobj, key.data)
             with self._lock:
                 heal, self._heal_requested = self._heal_requested, False
+                reset, self._reset_requested = self._reset_requested, False
+            if reset:
+                for pair in list(self._pairs):
+                    self._drop(pair, rst=True)
             if heal:
                 for pair in [p for p in self._pairs if p.tainted]:
                     self._drop(pair)
@@ -125,6 +147,9 @@ class TcpProxy:
         try:
             client, _ = self._listener.accept()
         except OSError:
+            return
+        if self._refusing:
+            _close_with_rst(client)
             return
         upstream = None
         if not self._blackholed:
@@ -152,6 +177,8 @@ class TcpProxy:
         peer = pair.peer(sock)
         if self._blackholed or peer is None:
             pair.tainted = True
+            if sock is pair.client:
+                self.dropped += len(data)
             return
         try:
             peer.setblocking(True)
@@ -160,11 +187,21 @@ class TcpProxy:
         except OSError:
             self._drop(pair)
 
-    def _drop(self, pair: _Pair) -> None:
+    def _drop(self, pair: _Pair, rst: bool = False) -> None:
         for sock in pair.sockets():
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._selector.unregister(sock)
+            if rst:
+                _close_with_rst(sock)
             with contextlib.suppress(OSError):
                 sock.close()
         if pair in self._pairs:
             self._pairs.remove(pair)
+
+
+def _close_with_rst(sock: socket.socket) -> None:
+    """Close so that the peer sees a reset, not an orderly end of stream."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
