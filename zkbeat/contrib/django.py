@@ -54,7 +54,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between full re-reads of the schedule even without a change
 #: (django-celery-beat's own rule: its crontab pre-filter depends on the hour).
-FULL_RELOAD_INTERVAL = schedulers.SCHEDULE_SYNC_MAX_INTERVAL
+#: Releases before 2.8.1 have neither the pre-filter nor the constant; there
+#: the same five minutes cost one extra read.
+FULL_RELOAD_INTERVAL = getattr(schedulers, "SCHEDULE_SYNC_MAX_INTERVAL", 300)
 
 
 class ModelEntry(schedulers.ModelEntry):
