@@ -222,7 +222,10 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         end every reload, and with it the schedule of every other task.
         """
         loaded = {}
-        for model in self.enabled_models():
+        # enabled_models() (with its crontab pre-filter) is django-celery-beat
+        # 2.8.1's; before it, the manager's enabled() is every enabled row.
+        rows = self.enabled_models() if hasattr(self, "enabled_models") else self.Model.objects.enabled()
+        for model in rows:
             try:
                 loaded[model.name] = self.Entry(model, app=self.app)
             except DatabaseError:
