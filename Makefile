@@ -65,11 +65,11 @@ matrix: install $(VENV)/.installed-matrix
 	exit $$status
 
 lint: install
-	$(BIN)/ruff check zkbeat tests example_project demo
+	$(BIN)/ruff check zkbeat tests example_project demo noxfile.py
 	$(BIN)/ruff format --check zkbeat
 
 format: install
-	$(BIN)/ruff check --fix zkbeat tests example_project demo
+	$(BIN)/ruff check --fix zkbeat tests example_project demo noxfile.py
 	$(BIN)/ruff format zkbeat
 
 # The manual (docs/, Sphinx with MyST Markdown). The settings reference is
