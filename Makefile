@@ -8,12 +8,13 @@ APT_PACKAGES := zookeeper redis-server faketime
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test lint format docs demo bench chaos clean
+.PHONY: help install system-deps test matrix lint format docs demo bench chaos clean
 
 help:
 	@echo "make demo     run 3 beat replicas on a local ZooKeeper + Redis, kill the leader, show what happened"
 	@echo "              (BROKER=amqp://guest:guest@127.0.0.1:5672// runs it on that broker instead of Redis)"
 	@echo "make test     install what is missing and run the whole suite against real servers"
+	@echo "make matrix   the in-process tests and one failover on every dependency version zkbeat claims (nox + uv)"
 	@echo "make lint     ruff"
 	@echo "make docs     the manual (Sphinx) into docs/_build/html, warnings as errors"
 	@echo "make bench    benchmarks side by side with celery beat and celery-redbeat"
@@ -51,13 +52,32 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The version matrix (noxfile.py): each Celery minor, kazoo and
+# django-celery-beat (with each Django) at their floor and newest, each session
+# in its own virtualenv under .nox/ made by uv (installs come from uv's cache
+# after the first run). Prints the table of results and times at the end and
+# exits non-zero if any session failed. NOX_ARGS="-s floors" runs one session.
+NOX_ARGS ?=
+
+$(VENV)/.installed-matrix: $(VENV)/.installed setup.cfg
+	$(BIN)/python -m pip install -q -e '.[matrix]'
+	touch $@
+
+matrix: install $(VENV)/.installed-matrix
+	@rm -f .nox/matrix.json
+	@start=$$(date +%s); status=0; \
+	$(BIN)/nox $(NOX_ARGS) || status=$$?; \
+	$(BIN)/python noxfile.py || status=1; \
+	echo "matrix wall time: $$(( $$(date +%s) - start )) s"; \
+	exit $$status
+
 lint: install
-	$(BIN)/ruff check zkbeat tests example_project demo bench
-	$(BIN)/ruff format --check zkbeat tests example_project demo bench
+	$(BIN)/ruff check zkbeat tests example_project demo bench noxfile.py
+	$(BIN)/ruff format --check zkbeat tests example_project demo bench noxfile.py
 
 format: install
-	$(BIN)/ruff check --fix zkbeat tests example_project demo bench
-	$(BIN)/ruff format zkbeat tests example_project demo bench
+	$(BIN)/ruff check --fix zkbeat tests example_project demo bench noxfile.py
+	$(BIN)/ruff format zkbeat tests example_project demo bench noxfile.py
 
 # The manual (docs/, Sphinx with MyST Markdown). The settings reference is
 # generated from zkbeat/conf.py and the API reference from the docstrings, so
@@ -99,4 +119,4 @@ chaos: install
 	$(BIN)/python -m tests.support.chaos --duration $(DURATION)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache docs/_build
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache docs/_build .nox

@@ -12,6 +12,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+import celery
 from celery import beat
 from celery.utils.time import maybe_make_aware
 
@@ -39,6 +40,9 @@ HEADER_EPOCH = "zkbeat-epoch"
 #: A triggered run's header: the request's znode name (zkbeat.controls).
 HEADER_MANUAL = "zkbeat-manual"
 
+#: Celery 5.7's crontab answers the same whatever day its clock says; older ones do not (see tick_slot).
+_CLOCK_AT_LAST_RUN = tuple(celery.VERSION[:2]) < (5, 7)
+
 
 def tick_slot(entry: beat.ScheduleEntry) -> datetime:
     """The UTC time entry's due tick was planned for, from its last run alone.
@@ -46,19 +50,27 @@ def tick_slot(entry: beat.ScheduleEntry) -> datetime:
     The schedule's clock is pinned while it is asked, so every replica that
     holds the same ``last_run_at`` (from the ledger) computes the same slot
     to the microsecond; the slot names the tick in headers and task ids.
+    On Celery before 5.7 the clock is pinned to the last run itself: there a
+    crontab compares the last run's date with the clock's, so after a last
+    run on an earlier day it would name the next hour instead of the next
+    tick, and two replicas asking either side of midnight would disagree.
     """
     return slot_after(entry, entry.last_run_at)
 
 
 def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
     """The UTC slot entry's schedule plans next after a run at ``last_run_at`` (see tick_slot)."""
-    pinned = datetime.now(timezone.utc)
+    now = datetime.now(timezone.utc)
     try:
         schedule = copy.copy(entry.schedule)
+        if _CLOCK_AT_LAST_RUN:
+            pinned = getattr(schedule, "maybe_make_aware", maybe_make_aware)(last_run_at)
+        else:
+            pinned = now
         schedule.nowfun = lambda: pinned
         slot = pinned + schedule.remaining_estimate(last_run_at)
     except Exception:  # noqa: BLE001 - custom schedules may not support this
-        slot = pinned
+        slot = now
     return maybe_make_aware(slot).astimezone(timezone.utc)
 
 

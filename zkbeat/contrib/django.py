@@ -61,7 +61,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between full re-reads of the schedule even without a change
 #: (django-celery-beat's own rule: its crontab pre-filter depends on the hour).
-FULL_RELOAD_INTERVAL = schedulers.SCHEDULE_SYNC_MAX_INTERVAL
+#: Releases before 2.8.1 have neither the pre-filter nor the constant; there
+#: the same five minutes cost one extra read.
+FULL_RELOAD_INTERVAL = getattr(schedulers, "SCHEDULE_SYNC_MAX_INTERVAL", 300)
 #: Reads of the schedule per reload when crontab rows keep turning bad under it.
 READ_ATTEMPTS = 3
 
@@ -238,7 +240,12 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         for attempt in range(READ_ATTEMPTS):
             self._crontab_zones, self._unloadable_crontabs = _rows.crontab_zones()
             try:
-                models = self.enabled_models()
+                # enabled_models() (with its crontab pre-filter) is django-celery-beat
+                # 2.8.1's; before it, the manager's enabled() is every enabled row.
+                if hasattr(self, "enabled_models"):
+                    models = list(self.enabled_models())
+                else:
+                    models = list(self.Model.objects.enabled())
                 break
             except ValidationError:
                 # A crontab row turned bad between the check and the read:
