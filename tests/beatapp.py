@@ -95,3 +95,16 @@ def _record_publish(headers=None, **kwargs) -> None:
             }
         ),
     )
+
+
+def _close_liveness_socket(signum, frame) -> None:
+    """Test hook (SIGUSR1): close this replica's liveness socket while the process lives on."""
+    import gc
+
+    from zkbeat.liveness import Beacon
+
+    for beacon in [o for o in gc.get_objects() if isinstance(o, Beacon)]:
+        beacon.close()
+
+
+signal.signal(signal.SIGUSR1, _close_liveness_socket)
