@@ -88,9 +88,12 @@ def run(bench: Bench) -> list[Row]:
             snap["sessions"] = _sessions(bench, run)
             snap["packets"] = probes.sessions(bench.zk.port)
             snap["requests"] = {b.pid: zookeeper_requests(run, b.pid) for b in run.alive()}
+            # The bare floor session; None when its connection dropped (the
+            # row then says it cannot compare, instead of ending the run).
             snap["floor_sid"] = next(
-                sid for sid, fields in snap["packets"].items() if fields.get("lop") == "EXIS" and sid not in
-                snap["sessions"].values()
+                (sid for sid, fields in snap["packets"].items() if fields.get("lop") == "EXIS" and sid not in
+                 snap["sessions"].values()),
+                None,
             )  # fmt: skip
         return snap
 
@@ -115,12 +118,16 @@ def run(bench: Bench) -> list[Row]:
             packets = probes.sessions(bench.zk.port)
             watches = probes.watches_by_session(bench.zk.port)
 
-            def received(sid: int) -> int:
+            def received(sid: int | None) -> int | float:
+                if sid not in packets or sid not in snap["packets"]:
+                    return float("nan")  # its session is gone: cannot measure
                 return int(packets[sid]["recved"]) - int(snap["packets"][sid]["recved"])
 
             ping_floor = received(snap["floor_sid"])
+            if ping_floor != ping_floor:
+                ping_floor = "not measured: the floor client's connection dropped"
             followers = [b for b in run.alive() if b is not leader]
-            sids = [snap["sessions"][b.identity] for b in followers]
+            sids = [snap["sessions"].get(b.identity) for b in followers]
             out["follower_requests"] = [zookeeper_requests(run, b.pid) - snap["requests"][b.pid] for b in followers]
             out["follower_packets"] = [received(sid) for sid in sids]
             out["follower_watches"] = [len(watches.get(sid, [])) for sid in sids]
