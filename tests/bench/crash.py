@@ -172,6 +172,11 @@ def _redbeat_trials(bench: Bench, flavour: Flavour, trials: int, cap: float) -> 
     return result
 
 
+def _ms(sample: Sample) -> Sample:
+    """A sample in seconds as milliseconds (a censored trial stays censored)."""
+    return Sample([v * 1000 for v in sample.values], cap=sample.cap * 1000 if sample.cap else None, note=sample.note)
+
+
 def run(bench: Bench) -> list[Row]:
     trials = 2 if bench.quick else 10
     timeouts = (4.0,) if bench.quick else (4.0, 10.0)
@@ -184,12 +189,14 @@ def run(bench: Bench) -> list[Row]:
     for timeout in (10.0,) if bench.quick else (10.0, 30.0):
         live = _liveness_trials(bench, timeout, trials)
         scenario = f"crash (kill -9), liveness socket on, session {timeout:g} s"
+        # redbeat has no session: its kill -9 trials (in seconds) stand beside each.
+        in_ms = {key: {k: _ms(v) for k, v in r.items()} for key, r in redbeat.items()}
         rows += [
             Row(
                 scenario,
                 "new leader ready after kill -9",
                 "ms",
-                {"zkbeat": live["ready"]},
+                {"zkbeat": live["ready"], **{k: r["ready"] for k, r in in_ms.items()}},
                 target="p99 ≤ 100 ms",
                 check=lambda row: row.values["zkbeat"].p99 <= 100,
             ),
@@ -197,7 +204,7 @@ def run(bench: Bench) -> list[Row]:
                 scenario,
                 "first publish of the tick due at the kill, after kill -9",
                 "ms",
-                {"zkbeat": live["first"]},
+                {"zkbeat": live["first"], **{k: r["first"] for k, r in in_ms.items()}},
                 target="p99 ≤ 150 ms",
                 check=lambda row: row.values["zkbeat"].p99 <= 150,
             ),

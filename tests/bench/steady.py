@@ -105,9 +105,15 @@ def run(bench: Bench) -> list[Row]:
             versions = _ledger_versions(bench, run)
             zxid = probes.last_zxid(bench.zk.port)
         published = len(run.publishes()) - snap["published"]
+        if leader.pid not in cpu:
+            # It exited inside the window (redbeat tuned's leader dies of
+            # LockNotOwnedError under load): say so rather than end the run.
+            bench.note(f"steady: {run.flavour.key}: its leader (pid {leader.pid}) exited during the window; "
+                       "its leader CPU is not measured")  # fmt: skip
+        leader_cpu = cpu.get(leader.pid, float("nan"))
         out = {
-            "leader_cpu_pct": cpu[leader.pid] / elapsed * 100,
-            "leader_cpu_per_1000": cpu[leader.pid] / max(published, 1) * 1000 * 1000,
+            "leader_cpu_pct": leader_cpu / elapsed * 100,
+            "leader_cpu_per_1000": leader_cpu / max(published, 1) * 1000 * 1000,
             "follower_cpu_pct": [cpu[b.pid] / elapsed * 100 for b in run.alive() if b is not leader],
             "rss": [probes.rss_mb(b.pid) for b in run.alive()],
             "published": published,
