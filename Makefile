@@ -4,7 +4,7 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
-APT_PACKAGES := zookeeper redis-server faketime
+APT_PACKAGES := zookeeper redis-server faketime iproute2
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -28,6 +28,7 @@ system-deps:
 	[ -f /usr/share/java/zookeeper.jar ] || missing="$$missing zookeeper"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v faketime >/dev/null || missing="$$missing faketime"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v java >/dev/null || missing="$$missing zookeeper"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
