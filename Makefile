@@ -22,7 +22,8 @@ install: system-deps $(VENV)/.installed
 
 # Servers the tests and the demo start themselves: ZooKeeper (Debian's
 # package, on the installed Java) and redis-server; faketime (libfaketime)
-# skews the clocks of replicas in the clock-skew tests.
+# skews the clocks of replicas in the clock-skew tests; iproute2 (ip netns)
+# gives the host-loss tests hosts of their own.
 system-deps:
 	@missing=""; \
 	[ -f /usr/share/java/zookeeper.jar ] || missing="$$missing zookeeper"; \

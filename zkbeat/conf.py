@@ -332,6 +332,10 @@ def parse_liveness_address(setting: str, value: Any) -> tuple[str, int] | None:
         host = text  # a bare name, an IPv4 address or a bare IPv6 address
     if not host or any(ch.isspace() for ch in host):
         raise ConfigurationError(setting, value, expected)
+    if host in ("0.0.0.0", "::", "*"):
+        raise ConfigurationError(
+            setting, value, "the address is announced to the other replicas: name one they can connect to"
+        )
     port = 0
     if port_text:
         if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
