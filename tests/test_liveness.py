@@ -211,3 +211,62 @@ def test_the_watchdog_logs_the_stuck_threads_stack(caplog: pytest.LogCaptureFixt
     release.set()
     thread.join()
     assert "stuck_in_a_publish" in caplog.text and "zkbeat_stall_timeout" in caplog.text
+
+
+@pytest.fixture
+def pool(zk_server: ZooKeeperServer, zk_root: str):
+    from tests.test_election import Pool
+
+    made = Pool(zk_server.hosts, f"{zk_root}/election")
+    yield made
+    made.close()
+
+
+def test_the_election_reports_each_followers_predecessor(pool) -> None:
+    """Each follower hears its predecessor (the candidate it waits on); the leader hears None."""
+    first = pool.election()
+    wait_for(lambda: first.is_leader)
+    heard: list = []
+    second = pool.election(start=False)
+    second.add_predecessor_listener(heard.append)
+    second.start()
+    wait_for(lambda: heard and heard[-1] is not None)
+    assert heard[-1].path == first.candidate
+    first.close()
+    wait_for(lambda: second.is_leader)
+    wait_for(lambda: heard[-1] is None)
+    assert second.predecessor is None
+
+
+def test_a_held_step_down_stays_out_of_line_until_resumed(pool) -> None:
+    """step_down(hold=True) deletes the candidate and joins again only after resume(); the other replica leads."""
+    first, second = pool.election(), pool.election()
+    wait_for(lambda: first.is_leader)
+    first.step_down(hold=True)
+    wait_for(lambda: second.is_leader)
+    wait_for(lambda: first.candidate is None)
+    assert first.held and len(second.candidates()) == 1
+    first.recheck()  # any other wake-up keeps it out too
+    wait_for(lambda: not first._wake.is_set())
+    assert first.candidate is None
+    first.resume()
+    wait_for(lambda: first.candidate is not None)
+    assert not first.is_leader and len(second.candidates()) == 2
+
+
+def test_beats_redis_connection_gets_publish_timeouts_only_where_the_user_set_none() -> None:
+    """Beat's own Redis connection gets socket timeouts; the app's settings and the user's own values are kept."""
+    from celery import Celery
+
+    from zkbeat.broker import PUBLISH_TIMEOUTS, beat_connection
+
+    app = Celery("t", broker="redis://127.0.0.1:1/0")
+    connection = beat_connection(app)
+    assert {k: connection.transport_options.get(k) for k in PUBLISH_TIMEOUTS} == PUBLISH_TIMEOUTS
+    assert not app.conf.broker_transport_options, "the app's configuration is left as the user wrote it"
+    app.conf.broker_transport_options = {"socket_timeout": 2.5}
+    connection = beat_connection(app)
+    assert connection.transport_options["socket_timeout"] == 2.5
+    assert connection.transport_options["socket_connect_timeout"] == PUBLISH_TIMEOUTS["socket_connect_timeout"]
+    amqp = Celery("t", broker="amqp://guest@127.0.0.1:1//")
+    assert "socket_timeout" not in beat_connection(amqp).transport_options

@@ -10,11 +10,13 @@ lifecycle, the loop's error policy, and the batched scan of beat's heap.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -319,13 +321,26 @@ class LeaderScheduleMixin:
             # loop comes straight back because we return 0.
             election.wait_for_leadership(self.max_interval)
             return 0
-        if self.watchdog is not None:
-            self.watchdog.entered()
-        try:
+        with self.leader_pass():
             return self._leader_pass(election, fence)
+
+    @contextlib.contextmanager
+    def leader_pass(self) -> Iterator[None]:
+        """Mark leader work that the watchdog times (zkbeat.watchdog).
+
+        ``tick()`` marks its own leader passes; a host that does leader work
+        of its own before them (a database read) marks that too, so a query
+        that hangs there steps the replica down as well.
+        """
+        watchdog = self.watchdog
+        if watchdog is None:
+            yield
+            return
+        watchdog.entered()
+        try:
+            yield
         finally:
-            if self.watchdog is not None:
-                self.watchdog.left()
+            watchdog.left()
 
     def _leader_pass(self, election: LeaderElection, fence: Fence) -> float:
         """One leader's pass of tick(), under the error policy in tick()'s table."""
