@@ -270,3 +270,17 @@ def test_beats_redis_connection_gets_publish_timeouts_only_where_the_user_set_no
     assert connection.transport_options["socket_connect_timeout"] == PUBLISH_TIMEOUTS["socket_connect_timeout"]
     amqp = Celery("t", broker="amqp://guest@127.0.0.1:1//")
     assert "socket_timeout" not in beat_connection(amqp).transport_options
+
+
+def test_the_watchdog_thread_fires_on_its_own() -> None:
+    """Started, the watchdog's thread steps down a pass left running past its timeout, without being asked."""
+    calls: list[str] = []
+    dog = Watchdog(0.2, lambda: calls.append("down"), lambda: calls.append("resume")).start()
+    try:
+        dog.entered()
+        wait_for(lambda: calls == ["down"], timeout=10)
+        dog.left()
+        dog.turned()
+        assert calls == ["down", "resume"]
+    finally:
+        dog.close()

@@ -58,6 +58,8 @@ class Watchdog:
         self._pass: tuple[float, int] | None = None
         self._fired = False
         self._stop = threading.Event()
+        #: Set when a pass begins or ends, so the thread sleeps until the exact deadline.
+        self._changed = threading.Event()
         self._thread: threading.Thread | None = None
         #: How many times it stepped the replica down (for tests and status).
         self.stalls = 0
@@ -69,6 +71,7 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
+        self._changed.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2.0)
 
@@ -86,11 +89,13 @@ class Watchdog:
         """A leader pass begins on the calling thread."""
         with self._lock:
             self._pass = (self._clock(), threading.get_ident())
+        self._changed.set()
 
     def left(self) -> None:
         """The leader pass ended (returned or raised)."""
         with self._lock:
             self._pass = None
+        self._changed.set()
 
     # -- the watchdog's thread -----------------------------------------------
 
@@ -122,9 +127,17 @@ class Watchdog:
         return True
 
     def _run(self) -> None:
-        interval = min(1.0, self.timeout / 10)
-        while not self._stop.wait(interval):
+        """Sleep until the deadline of the pass under way (or a change), then check: no polling."""
+        while not self._stop.is_set():
             try:
+                with self._lock:
+                    current, fired = self._pass, self._fired
+                remaining = None if current is None or fired else current[0] + self.timeout - self._clock()
+                if remaining is None or remaining > 0:
+                    self._changed.wait(None if remaining is None else remaining + 0.005)
+                    self._changed.clear()
+                    continue
                 self.check()
             except Exception:  # noqa: BLE001 - never let the watchdog die
                 logger.exception("zkbeat: watchdog check failed")
+                self._stop.wait(1.0)

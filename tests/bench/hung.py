@@ -1,0 +1,72 @@
+"""A hung leader: its broker link black-holed, so its publish blocks; how soon does another replica publish?
+
+One replica talks to Redis through a TCP proxy (tests/proxy.py) and is made
+leader first; two more talk to Redis directly. Right after the leader
+published, the proxy starts dropping every byte both ways: the leader's next
+publish waits for a reply that never comes. zkbeat's watchdog steps it down
+after ``zkbeat_stall_timeout`` (10 s here); redbeat (tuned) keeps its lock in
+the same Redis, over the same link, so its lock expires after 5 s.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from tests.bench.cluster import REDBEAT_TUNED, ZKBEAT, Flavour, wait_for
+from tests.bench.context import Bench, first_publish_by_other, wait_leader_publishing, wait_settled, wait_started
+from tests.bench.stats import Row, Sample
+from tests.proxy import TcpProxy
+
+ENTRIES = [{"name": "tick", "every": 1}]
+STALL = 10.0
+
+
+def _trials(bench: Bench, flavour: Flavour, trials: int, **env: str) -> Sample:
+    cap = STALL + 30
+    result = Sample(cap=cap)
+    for trial in range(trials):
+        proxy = TcpProxy(bench.redis.port).start()
+        try:
+            with bench.run(flavour, ENTRIES, **env) as run:
+                direct = run.env["BENCH_BROKER"]
+                run.env["BENCH_BROKER"] = f"redis://127.0.0.1:{proxy.port}/0"
+                hung = run.add()
+                run.env["BENCH_BROKER"] = direct
+                wait_started([hung])
+                if wait_leader_publishing(run, "tick", 0) is None:
+                    result.note = "the proxied replica never published"
+                    break
+                for _ in range(flavour.replicas - 1):
+                    wait_settled(run.add())
+                found = wait_leader_publishing(run, "tick", time.time())
+                if found is None or found[0] is not hung:
+                    result.note = "the proxied replica did not stay leader"
+                    break
+                t0 = time.time()
+                proxy.blackhole()
+                publish = wait_for(lambda pid=hung.pid, t=t0: first_publish_by_other(run, pid, t), cap, 0.005)
+                result.values.append(publish.at - t0 if publish else math.inf)
+                bench.say(f"  {flavour.key} hung leader {trial + 1}/{trials}: another replica published "
+                          f"{result.values[-1]:.3f} s after the cut")  # fmt: skip
+        finally:
+            proxy.close()
+    return result
+
+
+def run(bench: Bench) -> list[Row]:
+    trials = 1 if bench.quick else 3
+    bench.say(f"hung: the leader's broker link black-holed x{trials}, zkbeat_stall_timeout {STALL:g} s")
+    zk = _trials(bench, ZKBEAT, trials, BENCH_STALL_TIMEOUT=str(STALL))
+    tuned = _trials(bench, REDBEAT_TUNED, trials)
+    return [
+        Row(
+            f"leader hung (broker link black-holed), zkbeat_stall_timeout {STALL:g} s",
+            "another replica publishes, after the cut",
+            "s",
+            {"zkbeat": zk, "redbeat_tuned": tuned},
+            target=f"≤ stall timeout + 1 s ({STALL + 1:g} s)",
+            check=lambda row: row.values["zkbeat"].p99 <= STALL + 1,
+            digits=3,
+        )
+    ]
