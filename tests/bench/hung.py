@@ -22,9 +22,10 @@ ENTRIES = [{"name": "tick", "every": 1}]
 STALL = 10.0
 
 
-def _trials(bench: Bench, flavour: Flavour, trials: int, **env: str) -> Sample:
+def _trials(bench: Bench, flavour: Flavour, trials: int, **env: str) -> dict[str, Sample]:
+    """Seconds from the cut, and from the moment the leader's publish blocked, to another replica's publish."""
     cap = STALL + 30
-    result = Sample(cap=cap)
+    result = {"cut": Sample(cap=cap), "blocked": Sample(cap=cap)}
     for trial in range(trials):
         proxy = TcpProxy(bench.redis.port).start()
         try:
@@ -35,20 +36,25 @@ def _trials(bench: Bench, flavour: Flavour, trials: int, **env: str) -> Sample:
                 run.env["BENCH_BROKER"] = direct
                 wait_started([hung])
                 if wait_leader_publishing(run, "tick", 0) is None:
-                    result.note = "the proxied replica never published"
+                    result["cut"].note = result["blocked"].note = "the proxied replica never published"
                     break
                 for _ in range(flavour.replicas - 1):
                     wait_settled(run.add())
                 found = wait_leader_publishing(run, "tick", time.time())
                 if found is None or found[0] is not hung:
-                    result.note = "the proxied replica did not stay leader"
+                    result["cut"].note = result["blocked"].note = "the proxied replica did not stay leader"
                     break
                 t0 = time.time()
                 proxy.blackhole()
                 publish = wait_for(lambda pid=hung.pid, t=t0: first_publish_by_other(run, pid, t), cap, 0.005)
-                result.values.append(publish.at - t0 if publish else math.inf)
+                # The bench records a publish as beat hands it to kombu, so the
+                # one that blocked is on record: the hang began there.
+                blocked = next((p.at for p in run.publishes() if p.pid == hung.pid and p.at > t0), None)
+                result["cut"].values.append(publish.at - t0 if publish else math.inf)
+                result["blocked"].values.append(publish.at - blocked if publish and blocked else math.inf)
                 bench.say(f"  {flavour.key} hung leader {trial + 1}/{trials}: another replica published "
-                          f"{result.values[-1]:.3f} s after the cut")  # fmt: skip
+                          f"{result['cut'].values[-1]:.3f} s after the cut, "
+                          f"{result['blocked'].values[-1]:.3f} s after the publish blocked")  # fmt: skip
         finally:
             proxy.close()
     return result
@@ -59,14 +65,22 @@ def run(bench: Bench) -> list[Row]:
     bench.say(f"hung: the leader's broker link black-holed x{trials}, zkbeat_stall_timeout {STALL:g} s")
     zk = _trials(bench, ZKBEAT, trials, BENCH_STALL_TIMEOUT=str(STALL))
     tuned = _trials(bench, REDBEAT_TUNED, trials)
+    scenario = f"leader hung (broker link black-holed), zkbeat_stall_timeout {STALL:g} s"
     return [
         Row(
-            f"leader hung (broker link black-holed), zkbeat_stall_timeout {STALL:g} s",
-            "another replica publishes, after the cut",
+            scenario,
+            "another replica publishes, after the leader's publish blocked",
             "s",
-            {"zkbeat": zk, "redbeat_tuned": tuned},
+            {"zkbeat": zk["blocked"], "redbeat_tuned": tuned["blocked"]},
             target=f"≤ stall timeout + 1 s ({STALL + 1:g} s)",
             check=lambda row: row.values["zkbeat"].p99 <= STALL + 1,
             digits=3,
-        )
+        ),
+        Row(
+            scenario,
+            "another replica publishes, after the cut (the next tick comes due up to 1 s later)",
+            "s",
+            {"zkbeat": zk["cut"], "redbeat_tuned": tuned["cut"]},
+            digits=3,
+        ),
     ]
