@@ -123,7 +123,7 @@ class LeaderElection:
     predecessor gone before the     (get answers NoNode: no watch is left       maybe
     watch is set                    behind) re-check
     stranger's child (persistent,   logged once, skipped: neither leader nor    -
-    or a name zkbeat does not make) predecessor
+    or a name zkbeat never makes)   predecessor
     SUSPENDED                       stop at once, in the listener (new token)   no
     CONNECTED, same session         re-check node exists, owner, sorts first    maybe
     LOST / new session              forget the candidate (and any pending       no
@@ -133,10 +133,10 @@ class LeaderElection:
                                     back of the line
     step_down()                     new token; delete the candidate, rejoin     no
                                     at the back
-    step_down(hold=True)            as step_down(), but no new candidate until  no
-                                    resume()
+    step_down(hold=True)            as step_down(), but no new candidate        no
+                                    until resume()
     step-down's delete fails        stays pending, retried on the next pass     no
-    (ConnectionLoss)                until ZooKeeper confirms it (NoNode counts)
+    (ConnectionLoss)                until ZooKeeper confirms (NoNode counts)
                                     or the session is gone
     recheck()                       new token; re-check as on CONNECTED         maybe
     close()                         delete candidate first, stop worker         no
