@@ -4,7 +4,7 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
-APT_PACKAGES := zookeeper redis-server faketime
+APT_PACKAGES := zookeeper redis-server faketime iproute2
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -24,14 +24,16 @@ install: system-deps $(VENV)/.installed
 
 # Servers the tests and the demo start themselves: ZooKeeper (Debian's
 # package, on the installed Java) and redis-server; faketime (libfaketime)
-# skews the clocks of replicas in the clock-skew tests. RabbitMQ is only
-# checked: the tests use the machine's own on 127.0.0.1:5672 (guest/guest),
-# in vhosts of their own, and never start or stop one.
+# skews the clocks of replicas in the clock-skew tests; iproute2 (ip netns)
+# gives the host-loss tests hosts of their own. RabbitMQ is only checked:
+# the tests use the machine's own on 127.0.0.1:5672 (guest/guest), in vhosts
+# of their own, and never start or stop one.
 system-deps:
 	@missing=""; \
 	[ -f /usr/share/java/zookeeper.jar ] || missing="$$missing zookeeper"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v faketime >/dev/null || missing="$$missing faketime"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v java >/dev/null || missing="$$missing zookeeper"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \

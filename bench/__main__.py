@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from bench import burst, crash, handover, punctuality, steady, swarm
+from bench import burst, crash, handover, hung, punctuality, steady, swarm
 from bench.context import Bench
 from bench.stats import table
 from tests.support.servers import RedisServer, ZooKeeperServer
@@ -26,6 +26,7 @@ from tests.support.servers import RedisServer, ZooKeeperServer
 SCENARIOS = {
     "handover": handover.run,
     "crash": crash.run,
+    "hung": hung.run,
     "burst": burst.run,
     "punctuality": punctuality.run,
     "steady": steady.run,

@@ -14,6 +14,8 @@ and nothing else. Everything comes from the environment:
 ``BENCH_MAX_INTERVAL``   ``beat_max_loop_interval`` (unset: the scheduler's default)
 ``BENCH_LOCK_TIMEOUT``   ``redbeat_lock_timeout`` (unset: redbeat's default)
 ``BENCH_SESSION_TIMEOUT`` ``zkbeat_session_timeout``
+``BENCH_LIVENESS``       ``zkbeat_liveness`` (``1``/``0``; unset: zkbeat's default, on)
+``BENCH_STALL_TIMEOUT``  ``zkbeat_stall_timeout``
 ``BENCH_COUNT_ZK``       count every ZooKeeper request this process sends (not pings),
                          by type, into ``<pid>.zk.json`` beside the publish records
 
@@ -50,6 +52,10 @@ app.conf.update(
 )
 if os.environ.get("BENCH_MAX_INTERVAL"):
     app.conf.beat_max_loop_interval = float(os.environ["BENCH_MAX_INTERVAL"])
+if os.environ.get("BENCH_LIVENESS"):
+    app.conf.zkbeat_liveness = os.environ["BENCH_LIVENESS"] == "1"
+if os.environ.get("BENCH_STALL_TIMEOUT"):
+    app.conf.zkbeat_stall_timeout = float(os.environ["BENCH_STALL_TIMEOUT"])
 if os.environ.get("BENCH_LOCK_TIMEOUT"):
     app.conf.redbeat_lock_timeout = int(os.environ["BENCH_LOCK_TIMEOUT"])
 

@@ -93,9 +93,12 @@ def run(bench: Bench) -> list[Row]:
             snap["sessions"] = _sessions(bench, run)
             snap["packets"] = probes.sessions(bench.zk.port)
             snap["requests"] = {b.pid: zookeeper_requests(run, b.pid) for b in run.alive()}
+            # The bare floor session; None when its connection dropped (the
+            # row then says it cannot compare, instead of ending the run).
             snap["floor_sid"] = next(
-                sid for sid, fields in snap["packets"].items() if fields.get("lop") == "EXIS" and sid not in
-                snap["sessions"].values()
+                (sid for sid, fields in snap["packets"].items() if fields.get("lop") == "EXIS" and sid not in
+                 snap["sessions"].values()),
+                None,
             )  # fmt: skip
         return snap
 
@@ -107,9 +110,15 @@ def run(bench: Bench) -> list[Row]:
             versions = _ledger_versions(bench, run)
             zxid = probes.last_zxid(bench.zk.port)
         published = len(run.publishes()) - snap["published"]
+        if leader.pid not in cpu:
+            # It exited inside the window (redbeat tuned's leader dies of
+            # LockNotOwnedError under load): say so rather than end the run.
+            bench.note(f"steady: {run.flavour.key}: its leader (pid {leader.pid}) exited during the window; "
+                       "its leader CPU is not measured")  # fmt: skip
+        leader_cpu = cpu.get(leader.pid, float("nan"))
         out = {
-            "leader_cpu_pct": cpu[leader.pid] / elapsed * 100,
-            "leader_cpu_per_1000": cpu[leader.pid] / max(published, 1) * 1000 * 1000,
+            "leader_cpu_pct": leader_cpu / elapsed * 100,
+            "leader_cpu_per_1000": leader_cpu / max(published, 1) * 1000 * 1000,
             "follower_cpu_pct": [cpu[b.pid] / elapsed * 100 for b in run.alive() if b is not leader],
             "rss": [probes.rss_mb(b.pid) for b in run.alive()],
             "published": published,
@@ -120,12 +129,16 @@ def run(bench: Bench) -> list[Row]:
             packets = probes.sessions(bench.zk.port)
             watches = probes.watches_by_session(bench.zk.port)
 
-            def received(sid: int) -> int:
+            def received(sid: int | None) -> int | float:
+                if sid not in packets or sid not in snap["packets"]:
+                    return float("nan")  # its session is gone: cannot measure
                 return int(packets[sid]["recved"]) - int(snap["packets"][sid]["recved"])
 
             ping_floor = received(snap["floor_sid"])
+            if ping_floor != ping_floor:
+                ping_floor = "not measured: the floor client's connection dropped"
             followers = [b for b in run.alive() if b is not leader]
-            sids = [snap["sessions"][b.identity] for b in followers]
+            sids = [snap["sessions"].get(b.identity) for b in followers]
             out["follower_requests"] = [zookeeper_requests(run, b.pid) - snap["requests"][b.pid] for b in followers]
             out["follower_packets"] = [received(sid) for sid in sids]
             out["follower_watches"] = [len(watches.get(sid, [])) for sid in sids]

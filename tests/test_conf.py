@@ -459,3 +459,35 @@ def test_zkbeat_auth_never_shows_the_secret_whatever_its_shape(value: Any) -> No
         assert SECRET not in printed, printed
         return
     assert SECRET not in repr(result) and SECRET not in str(result)
+
+
+@pytest.mark.parametrize(
+    "value", ["a:b", ":5", "host:70000", "[::1", "[::1]x", "0.0.0.0", "[::]:80", "two words", 5, ["127.0.0.1", 0]]
+)
+def test_a_bad_liveness_address_names_the_setting(value) -> None:
+    """zkbeat_liveness_address must be 'host' or 'host:port' that other replicas can dial."""
+    with pytest.raises(ConfigurationError, match="zkbeat_liveness_address"):
+        read_settings({"zkbeat_liveness_address": value})
+
+
+def test_liveness_settings_parse() -> None:
+    """Liveness is on by default; an address takes an optional port (0 = any); [v6]:port works."""
+    default = read_settings({})
+    assert default.liveness is True and default.liveness_address is None and default.stall_timeout == 30.0
+    assert read_settings({"zkbeat_liveness_address": "10.0.0.5"}).liveness_address == ("10.0.0.5", 0)
+    assert read_settings({"zkbeat_liveness_address": "10.0.0.5:7000"}).liveness_address == ("10.0.0.5", 7000)
+    assert read_settings({"zkbeat_liveness_address": "[fd00::1]:7000"}).liveness_address == ("fd00::1", 7000)
+    assert read_settings({"zkbeat_liveness": "false"}).liveness is False
+
+
+@pytest.mark.parametrize("value", [0, 5, -1, "soon", True, float("inf")])
+def test_a_bad_stall_timeout_names_the_setting(value) -> None:
+    """zkbeat_stall_timeout must be a number of seconds above the broker wait of one pass (5 s)."""
+    with pytest.raises(ConfigurationError, match="zkbeat_stall_timeout"):
+        read_settings({"zkbeat_stall_timeout": value})
+
+
+def test_a_bad_liveness_switch_names_the_setting() -> None:
+    """zkbeat_liveness takes true or false only."""
+    with pytest.raises(ConfigurationError, match="zkbeat_liveness"):
+        read_settings({"zkbeat_liveness": "maybe"})

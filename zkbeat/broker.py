@@ -26,7 +26,7 @@ from typing import Any
 
 from kombu.exceptions import OperationalError
 
-__all__ = ["RETRY_POLICY", "wait_for_broker", "is_broker_error", "forget"]
+__all__ = ["RETRY_POLICY", "PUBLISH_TIMEOUTS", "wait_for_broker", "is_broker_error", "forget", "beat_connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,15 @@ logger = logging.getLogger(__name__)
 #: every half second, then every second; a returning broker is used within a
 #: second. The total wait per call is bounded by the caller's ``timeout``.
 RETRY_POLICY = {"interval_start": 0, "interval_step": 0.5, "interval_max": 1.0}
+#: Socket timeouts of beat's own Redis connection when the user set none:
+#: kombu's Redis transport has none by default, so a publish to a black-holed
+#: broker would block until TCP gives up (many minutes), with beat's
+#: shutdown signals held. A healthy Redis answers an LPUSH in a millisecond;
+#: 10 s keeps a reply that is merely slow (whose timeout would make the tick
+#: be withdrawn and sent again) very unlikely, and bounds the hang to about
+#: 40 s with Celery's default publish retries (4 attempts). Connecting gets
+#: 5 s, so that one attempt fits in a pass's broker wait (zkbeat.term.BROKER_WAIT).
+PUBLISH_TIMEOUTS = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
 
 
 def wait_for_broker(
@@ -117,6 +126,25 @@ def _is_unreachable(exc: BaseException, kinds: tuple[type[BaseException], ...]) 
     if isinstance(exc, kinds):
         return True
     return type(exc) is OSError and exc.errno in _UNREACHABLE_ERRNOS
+
+
+def beat_connection(app: Any) -> Any:
+    """Beat's broker connection: the app's, plus PUBLISH_TIMEOUTS on Redis where the user set none.
+
+    Only beat's own connection gets them; the app's configuration (and so a
+    worker in the same process) is left as the user wrote it.
+    """
+    connection = app.connection_for_write()
+    try:
+        is_redis = connection.transport.driver_type == "redis"
+    except Exception:  # noqa: BLE001 - an unknown transport: leave it alone
+        return connection
+    given = app.conf.broker_transport_options or {}
+    extra = {name: value for name, value in PUBLISH_TIMEOUTS.items() if given.get(name) is None}
+    if not is_redis or not extra:
+        return connection
+    connection.release()
+    return app.connection_for_write(transport_options=extra)
 
 
 def forget(scheduler: Any) -> None:

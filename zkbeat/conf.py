@@ -21,10 +21,18 @@ from kazoo.hosts import collect_hosts
 
 from .exceptions import ConfigurationError
 
-__all__ = ["Settings", "DEFAULT_HOSTS", "DEFAULT_SESSION_TIMEOUT", "read_settings"]
+__all__ = ["Settings", "DEFAULT_HOSTS", "DEFAULT_SESSION_TIMEOUT", "DEFAULT_STALL_TIMEOUT", "read_settings"]
 
 DEFAULT_HOSTS = "127.0.0.1:2181"
 DEFAULT_SESSION_TIMEOUT = 10.0
+#: Seconds a leader's pass may run before the watchdog steps it down. The
+#: longest legitimate pass is about 7 s: kombu's broker wait (5 s at most,
+#: zkbeat.term.BROKER_WAIT), a 1,000-entry batch (~0.9 s of publishes and one
+#: ledger transaction) and a takeover's ledger load (~0.2 s for 10,000
+#: entries); 30 s leaves four times that for a loaded host.
+DEFAULT_STALL_TIMEOUT = 30.0
+#: The stall timeout must exceed the broker wait of one pass (zkbeat.term.BROKER_WAIT).
+MIN_STALL_TIMEOUT = 5.0
 #: kazoo's own reconnect back-off doubles up to a minute; after a ZooKeeper
 #: outage a replica would then idle for tens of seconds with ZooKeeper back.
 RECONNECT_MAX_DELAY = 1.0
@@ -140,6 +148,27 @@ class Settings:
         help="Address the metrics port binds to.",
     )
 
+    liveness: bool = _setting(
+        True,
+        shown="``True``",
+        help="Each replica listens on a small socket whose end its successor sees at once, so a crashed "
+        "process (kill -9, the OOM killer) is replaced in milliseconds instead of a session timeout; "
+        "``False`` leaves crash detection to the session.",
+    )
+    liveness_address: tuple[str, int] | None = _setting(
+        None,
+        shown="the local address of the replica's ZooKeeper connection, any free port",
+        help="``'host'`` or ``'host:port'`` (``[v6]:port``) the liveness socket binds to and announces; "
+        "the other replicas must be able to connect to it. Port 0 takes any free port.",
+    )
+    stall_timeout: float = _setting(
+        DEFAULT_STALL_TIMEOUT,
+        shown="``30.0``",
+        help="Seconds a leader's pass of the beat loop may take (a publish to a black-holed broker, a hung "
+        "query, a deadlock) before the replica steps down and lets another lead; it contends again once its "
+        "loop turns. Must exceed the longest legitimate pass (kombu's broker wait of 5 s, a 1,000-entry batch).",
+    )
+
     def __repr__(self) -> str:
         # Credentials never reach a log line or a traceback through repr().
         auth = [(scheme, _REDACTED) for scheme, _ in self.auth]
@@ -147,7 +176,8 @@ class Settings:
             f"Settings(hosts={self.hosts!r}, root={self.root!r}, "
             f"session_timeout={self.session_timeout!r}, identity={self.identity!r}, "
             f"misfire_grace_time={self.misfire_grace_time!r}, auth={auth!r}, "
-            f"use_ssl={self.use_ssl!r})"
+            f"use_ssl={self.use_ssl!r}, liveness={self.liveness!r}, "
+            f"liveness_address={self.liveness_address!r}, stall_timeout={self.stall_timeout!r})"
         )
 
 
@@ -185,6 +215,9 @@ def read_settings(
         ssl_key=_parse_file("zkbeat_ssl_key", get("zkbeat_ssl_key")),
         metrics_port=_parse_port("zkbeat_metrics_port", get("zkbeat_metrics_port")),
         metrics_address=_parse_address("zkbeat_metrics_address", get("zkbeat_metrics_address")),
+        liveness=_parse_bool("zkbeat_liveness", get("zkbeat_liveness"), default=True),
+        liveness_address=parse_liveness_address("zkbeat_liveness_address", get("zkbeat_liveness_address")),
+        stall_timeout=parse_stall_timeout("zkbeat_stall_timeout", get("zkbeat_stall_timeout")),
     )
 
 
@@ -322,9 +355,55 @@ def _parse_identity(value: Any) -> str:
     return value.strip()
 
 
-def _parse_bool(setting: str, value: Any) -> bool:
+def parse_liveness_address(setting: str, value: Any) -> tuple[str, int] | None:
+    """``'host'``, ``'host:port'`` or ``'[v6]:port'`` (port 0 = any free port); None = the default."""
+    if value is None or value == "":
+        return None
+    expected = "expected 'host' or 'host:port' (port 0-65535; '[v6]:port' for IPv6)"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(setting, value, expected)
+    text = value.strip()
+    port_text = ""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigurationError(setting, value, expected)
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host = text  # a bare name, an IPv4 address or a bare IPv6 address
+    if not host or any(ch.isspace() for ch in host):
+        raise ConfigurationError(setting, value, expected)
+    if host in ("0.0.0.0", "::", "*"):
+        raise ConfigurationError(
+            setting, value, "the address is announced to the other replicas: name one they can connect to"
+        )
+    port = 0
+    if port_text:
+        if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+            raise ConfigurationError(setting, value, expected)
+        port = int(port_text)
+    return host, port
+
+
+def parse_stall_timeout(setting: str, value: Any) -> float:
+    """Seconds > MIN_STALL_TIMEOUT (a pass may wait that long for the broker)."""
     if value is None:
-        return False
+        return DEFAULT_STALL_TIMEOUT
+    seconds = _parse_number(setting, value, f"a number of seconds > {MIN_STALL_TIMEOUT:g}")
+    if seconds <= MIN_STALL_TIMEOUT:
+        raise ConfigurationError(
+            setting,
+            value,
+            f"must be more than {MIN_STALL_TIMEOUT:g} s: a healthy pass may wait that long for the broker",
+        )
+    return seconds
+
+
+def _parse_bool(setting: str, value: Any, default: bool = False) -> bool:
+    if value is None:
+        return default
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):

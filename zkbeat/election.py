@@ -28,7 +28,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, ZookeeperError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
-from .candidates import PREFIX, CandidateReader, parse_name
+from .candidates import PREFIX, CandidateNode, CandidateReader, parse_name
 
 __all__ = ["LeaderElection", "Fence", "LATENT", "STARTED", "CLOSED", "candidate_sequence"]
 
@@ -47,6 +47,7 @@ _CLOSE_TIMEOUT = 2.0
 _RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 Listener = Callable[[bool], None]
+PredecessorListener = Callable[["CandidateNode | None"], None]
 
 
 class Fence(NamedTuple):
@@ -122,7 +123,7 @@ class LeaderElection:
     predecessor gone before the     (get answers NoNode: no watch is left       maybe
     watch is set                    behind) re-check
     stranger's child (persistent,   logged once, skipped: neither leader nor    -
-    or a name zkbeat does not make) predecessor
+    or a name zkbeat never makes)   predecessor
     SUSPENDED                       stop at once, in the listener (new token)   no
     CONNECTED, same session         re-check node exists, owner, sorts first    maybe
     LOST / new session              forget the candidate (and any pending       no
@@ -132,8 +133,10 @@ class LeaderElection:
                                     back of the line
     step_down()                     new token; delete the candidate, rejoin     no
                                     at the back
+    step_down(hold=True)            as step_down(), but no new candidate        no
+                                    until resume()
     step-down's delete fails        stays pending, retried on the next pass     no
-    (ConnectionLoss)                until ZooKeeper confirms it (NoNode counts)
+    (ConnectionLoss)                until ZooKeeper confirms (NoNode counts)
                                     or the session is gone
     recheck()                       new token; re-check as on CONNECTED         maybe
     close()                         delete candidate first, stop worker         no
@@ -178,6 +181,11 @@ class LeaderElection:
         # request made while one is being carried out is never lost.
         self._step_downs_requested = 0
         self._step_downs_done = 0
+        #: Set by step_down(hold=True): no new candidate until resume().
+        self._held = False
+        self._predecessor_listeners: list[PredecessorListener] = []
+        #: The candidate this follower waits on (None while leading or out of line).
+        self._predecessor: CandidateNode | None = None
         self._thread: threading.Thread | None = None
 
     def _encoded(self, extra: Mapping[str, Any]) -> bytes:
@@ -256,16 +264,42 @@ class LeaderElection:
     def remove_listener(self, listener: Listener) -> None:
         self._listeners.remove(listener)
 
-    def step_down(self) -> None:
+    def step_down(self, *, hold: bool = False) -> None:
         """Give up leadership (or the place in line) and rejoin at the back.
 
         Not leader from the moment this returns. The candidate is deleted by
         the worker; if that fails (connection lost) it tries again until
         ZooKeeper confirms, or the session ends and takes the node with it.
+        With ``hold`` the replica stays out of line until :meth:`resume`
+        (a hung leader's watchdog: it contends again once its loop turns).
         """
         with self._lock:
             self._step_downs_requested += 1
+            if hold:
+                self._held = True
         self._invalidate()
+
+    def resume(self) -> None:
+        """Join the line again after ``step_down(hold=True)``; a no-op otherwise."""
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._wake.set()
+
+    @property
+    def held(self) -> bool:
+        """True while out of line after ``step_down(hold=True)``."""
+        return self._held
+
+    @property
+    def predecessor(self) -> CandidateNode | None:
+        """The candidate this follower waits on, as last read (None while leading)."""
+        return self._predecessor
+
+    def add_predecessor_listener(self, listener: PredecessorListener) -> None:
+        """Call ``listener(candidate or None)`` whenever the predecessor changes (worker thread; must not block)."""
+        self._predecessor_listeners.append(listener)
 
     def recheck(self) -> None:
         """Ask the worker to re-verify leadership (e.g. after a fenced claim).
@@ -380,12 +414,23 @@ class LeaderElection:
         if client.state != KazooState.CONNECTED:
             self._drop_leadership()
             return
+        try:
+            self._reconcile_connected(client, token)
+        except BaseException:
+            self._set_predecessor(None)
+            raise
+
+    def _reconcile_connected(self, client: KazooClient, token: int) -> None:
         session_id = client.client_id[0] if client.client_id else None
         mine = self._mine
         if mine is not None and mine.session != session_id:
             # A new session means the old ephemeral candidate is gone.
             self._mine = mine = None
         self._step_down(mine)
+        if self._mine is None and self._held:
+            self._drop_leadership()
+            self._set_predecessor(None)
+            return
         if self._mine is None:
             self._join(session_id)
         mine = self._mine
@@ -395,8 +440,10 @@ class LeaderElection:
         position = line.find(ours.rsplit("/", 1)[1])
         if position is None or line.candidates[position].owner != session_id:
             # Deleted from outside, or not ours (Curator's ownership check).
+            self._set_predecessor(None)
             self._rejoin(ours)
             return
+        self._set_predecessor(line.candidates[position - 1] if position > 0 else None)
         if position == 0:
             # The leader watches its own node, so a step-down from outside is
             # seen at once; a follower watches only its predecessor.
@@ -410,6 +457,17 @@ class LeaderElection:
         self._drop_leadership()
         if not self._watch(line.candidates[position - 1].path):
             self._wake.set()  # it went between the two reads: look again
+
+    def _set_predecessor(self, candidate: CandidateNode | None) -> None:
+        previous = self._predecessor
+        if (previous.path if previous else None) == (candidate.path if candidate else None):
+            return
+        self._predecessor = candidate
+        for listener in list(self._predecessor_listeners):
+            try:
+                listener(candidate)
+            except Exception:  # noqa: BLE001 - one bad listener must not stop the election
+                logger.exception("zkbeat: predecessor listener %r failed", listener)
 
     def _step_down(self, mine: _Mine | None) -> None:
         """Carry out requested step-downs: delete our candidate, confirmed.

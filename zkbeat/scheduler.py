@@ -10,11 +10,13 @@ lifecycle, the loop's error policy, and the batched scan of beat's heap.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,18 +31,22 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
+from kombu.utils.objects import cached_property
 
 from . import __version__
 from ._zookeeper import make_client
+from .broker import beat_connection
 from .clock import measure_skew
 from .conf import Settings, read_settings
 from .election import Fence, LeaderElection
 from .exceptions import FencedError
 from .ledger import LAYOUT_VERSION, EntryState, Ledger
+from .liveness import Beacon, Watcher, local_address
 from .metrics import Metrics
 from .peers import LAYOUT, PeerCheck, schedule_hash
 from .term import RETRY_DELAY, Due, PendingClaim, Requeue, Term, release
 from .ticks import task_id_for, tick_slot
+from .watchdog import Watchdog
 
 __all__ = ["LeaderScheduleMixin", "Scheduler", "task_id_for", "tick_slot"]
 
@@ -90,6 +96,10 @@ class LeaderScheduleMixin:
         self.election: LeaderElection | None = None
         self.ledger: Ledger | None = None
         self.peers: PeerCheck | None = None
+        #: Liveness socket and the watch on the predecessor's (zkbeat.liveness).
+        self.beacon: Beacon | None = None
+        self.watcher: Watcher | None = None
+        self.watchdog: Watchdog | None = None
         #: The current epoch of leadership, None while following.
         self.term: Term | None = None
         #: Claims of an ended term whose commit was never confirmed (see zkbeat.term).
@@ -165,6 +175,7 @@ class LeaderScheduleMixin:
         self.zk_client = make_client(settings, self.Client)
         self.zk_client.add_listener(self._on_connection_state)
         self.ledger = Ledger(self.zk_client, settings.root, timeout=settings.session_timeout)
+        self.beacon = self._open_beacon()
         self.election = LeaderElection(
             self.zk_client,
             f"{settings.root}/{LAYOUT_VERSION}/election",
@@ -178,8 +189,19 @@ class LeaderScheduleMixin:
                 # the leader (and `zkbeat status`) sees whose schedule differs.
                 "layout": LAYOUT,
                 "schedule_hash": self._schedule_hash(),
+                **(self.beacon.announcement.as_data() if self.beacon is not None else {}),
             },
         )
+        if self.beacon is not None:
+            self.watcher = Watcher(self.zk_client).start()
+            self.election.add_predecessor_listener(self.watcher.follow)
+        election = self.election
+        self.watchdog = Watchdog(
+            settings.stall_timeout,
+            step_down=lambda: election.step_down(hold=True),
+            resume=election.resume,
+            describe=lambda: f" ({settings.identity}, epoch {self.term.epoch if self.term else None})",
+        ).start()
         self.peers = PeerCheck(
             self.zk_client, settings.root, self.election.path, self._schedule_hash(), timeout=settings.session_timeout
         )
@@ -189,6 +211,31 @@ class LeaderScheduleMixin:
         self.zk_client.start_async()
         self.election.start()
         self.metrics.serve()
+
+    def _open_beacon(self) -> Beacon | None:
+        """This replica's liveness socket, or None when it is off or cannot bind (then the session decides)."""
+        settings = self.zk_settings
+        if not settings.liveness:
+            return None
+        host, port = settings.liveness_address or (local_address(settings.hosts) or "127.0.0.1", 0)
+        try:
+            beacon = Beacon(host, port).start()
+        except OSError as exc:
+            logger.warning(
+                "zkbeat: cannot listen on %s:%s for liveness (%r); a crash of this replica is seen at its "
+                "session timeout instead (set zkbeat_liveness_address)",
+                host,
+                port,
+                exc,
+            )
+            return None
+        logger.info("zkbeat: liveness socket on %s:%s", beacon.host, beacon.port)
+        return beacon
+
+    @cached_property
+    def connection(self) -> Any:
+        """Beat's broker connection, its publish bounded on Redis (zkbeat.broker.beat_connection)."""
+        return beat_connection(self.app)
 
     def _on_connection_state(self, state: str) -> None:
         """kazoo's listener: record and log only (it runs on kazoo's thread)."""
@@ -215,8 +262,13 @@ class LeaderScheduleMixin:
             if self.term is not None:
                 self._end_term("shutting down")
             self._release_pending(final=True)
+            for part in (self.watchdog, self.watcher):
+                if part is not None:
+                    part.close()
             if self.election is not None:
                 self.election.close()
+            if self.beacon is not None:
+                self.beacon.close()  # after the candidate is gone: nobody needs to delete it
             self.metrics.close()
             if self.zk_client is not None:
                 try:
@@ -251,15 +303,22 @@ class LeaderScheduleMixin:
                                          in a row, step down
         ===============================  =====================================  =======
 
-        Handled inside a pass and never raised: an entry whose schedule
-        raises (logged once, left out, retried every ``max_interval``); an
+        Handled inside a pass and never raised: an entry whose schedule or
+        clock raises, or whose name cannot be a znode (logged once, left out,
+        retried every ``max_interval``); an entry ZooKeeper refuses to write
+        (someone else's ACL: left out for ``max_interval``, the rest run); an
         unreachable broker (nothing claimed, ticks stay due); a message the
         broker refuses (logged, counted as run, as celery beat does); a claim
-        that conflicts (re-read; repeated conflicts back off).
+        that conflicts (the rolled-back batch re-read; repeated conflicts back
+        off); a send hung on a silent broker (SIGTERM held at most
+        ``zkbeat.term.SIGNAL_HOLD_LIMIT``; the watchdog steps a hung leader
+        down after ``zkbeat_stall_timeout``).
         """
         election = self.election
         if election is None or self._closed:
             return self.max_interval
+        if self.watchdog is not None:
+            self.watchdog.turned()  # the loop turns: a replica the watchdog held out may contend again
         fence = election.leadership  # one read: whether we lead, and under which candidate
         if fence is None:
             if self.term is not None:
@@ -269,6 +328,29 @@ class LeaderScheduleMixin:
             # loop comes straight back because we return 0.
             election.wait_for_leadership(self.max_interval)
             return 0
+        with self.leader_pass():
+            return self._leader_pass(election, fence)
+
+    @contextlib.contextmanager
+    def leader_pass(self) -> Iterator[None]:
+        """Mark leader work that the watchdog times (zkbeat.watchdog).
+
+        ``tick()`` marks its own leader passes; a host that does leader work
+        of its own before them (a database read) marks that too, so a query
+        that hangs there steps the replica down as well.
+        """
+        watchdog = self.watchdog
+        if watchdog is None:
+            yield
+            return
+        watchdog.entered()
+        try:
+            yield
+        finally:
+            watchdog.left()
+
+    def _leader_pass(self, election: LeaderElection, fence: Fence) -> float:
+        """One leader's pass of tick(), under the error policy in tick()'s table."""
         epoch = self.term.epoch if self.term is not None else fence.epoch
         try:
             wait = self._refuse_to_lead(fence)

@@ -79,3 +79,16 @@ def _sigterm_mid_publish(headers=None, **kwargs) -> None:
     if _sigterm_on_publish[0] and headers and headers.get("zkbeat-entry"):
         _sigterm_on_publish[0] = False
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _close_liveness_socket(signum, frame) -> None:
+    """Test hook (SIGUSR1): close this replica's liveness socket while the process lives on."""
+    import gc
+
+    from zkbeat.liveness import Beacon
+
+    for beacon in [o for o in gc.get_objects() if isinstance(o, Beacon)]:
+        beacon.close()
+
+
+signal.signal(signal.SIGUSR1, _close_liveness_socket)

@@ -183,7 +183,8 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if self.leading:
-            self._refresh()
+            with self.leader_pass():  # a hung query here is a hung leader too
+                self._refresh()
         interval = super().tick(*args, **kwargs)
         if self.leading and not self._host_set_up:
             return 0  # the deferred upsert of beat_schedule comes right after this pass, not max_interval later
