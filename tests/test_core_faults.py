@@ -263,3 +263,38 @@ def test_a_publish_hung_on_a_silent_broker_lets_sigterm_through(
     state = Ledger(zk_client, zk_root).load([other])[other].state
     last_sent = [h["zkbeat-slot"] for h in published.headers if h["zkbeat-entry"] == other][-1]
     assert state.slot.isoformat() == last_sent, "the batch's unsent tick was written back: it stays due"
+
+
+def test_an_idle_leader_is_not_taken_for_a_hung_one(make_scheduler, published: Published) -> None:
+    """Nothing due for longer than the stall timeout: the leader waits for run-now requests and keeps leading."""
+    scheduler = make_scheduler({"slow": every(60)}, beat_max_loop_interval=8, zkbeat_stall_timeout=6)
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    scheduler.tick()  # takes over; nothing is due for a minute: it waits 8 s for a trigger
+    scheduler.tick()
+    assert scheduler.watchdog.stalls == 0
+    assert scheduler.election.leadership is not None and scheduler.election.epoch == epoch
+
+
+def test_a_run_now_request_zookeeper_will_not_consume_holds_back_nothing(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stranger's child under one trigger request: it is left out once, no hot loop, the other request runs."""
+    from zkbeat.controls import request_trigger
+
+    scheduler = make_scheduler({"a": every(3600), "b": every(3600)}, beat_max_loop_interval=2)
+    lead(scheduler)
+    scheduler.tick()
+    bad = request_trigger(zk_client, zk_root, "a", "op", scheduled=True)
+    zk_client.create(f"{bad}/stranger", b"")  # the consume's delete fails: NotEmpty
+    good = request_trigger(zk_client, zk_root, "b", "op", scheduled=True)
+    passes = 0
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            scheduler.tick()
+            passes += 1
+    assert passes < 20, f"{passes} leader passes in 4 s: a hot loop"
+    assert published.entries().count("b") == 1 and zk_client.exists(good) is None
+    assert "a" not in published.entries()
+    assert len(messages(caplog, f"leaving out the trigger request {bad}")) == 1

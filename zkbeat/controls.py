@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from .exceptions import ZkBeatError
@@ -223,6 +223,10 @@ class TriggerInbox:
         self.path, self.done, _ = _paths(root)
         self.changed = threading.Event()
         self.changed.set()
+        #: Requests ZooKeeper would not let this leader consume or remove
+        #: (a stranger's ACL or child on them): never taken again, so one
+        #: cannot hold back the others or loop.
+        self.refused: set[str] = set()
 
     def _on_change(self, event: WatchedEvent) -> None:
         self.changed.set()
@@ -253,6 +257,8 @@ class TriggerInbox:
         found = []
         for child in sorted(c for c in children if c != "done"):
             path = f"{self.path}/{child}"
+            if path in self.refused:
+                continue
             try:
                 raw, _ = self.client.get(path)
             except NoNodeError:
@@ -266,11 +272,21 @@ class TriggerInbox:
         return found
 
     def discard(self, path: str, why: str) -> None:
+        """Log and delete a request that can never run; one ZooKeeper will not delete is left out."""
         logger.error("zkbeat: removing the trigger request %s: %s", path, why)
         try:
             self.client.delete(path)
         except NoNodeError:
             pass
+        except KazooException as exc:
+            self.refuse(path, f"it cannot be removed either ({type(exc).__name__})")
+
+    def refuse(self, path: str, why: str) -> None:
+        """Leave out a request this leader may not consume (logged once)."""
+        if path in self.refused:
+            return
+        self.refused.add(path)
+        logger.error("zkbeat: leaving out the trigger request %s: %s", path, why)
 
     def receipt(self, request: TriggerRequest, task_id: str, epoch: int) -> None:
         """Tell ``zkbeat trigger`` the run was published; drop receipts nobody waited for."""

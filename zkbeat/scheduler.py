@@ -325,11 +325,14 @@ class LeaderScheduleMixin:
                 self._end_term("lost leadership")
             self._release_pending()
             # Wake the moment the election's watch makes us leader; beat's
-            # loop comes straight back because we return 0.
-            election.wait_for_leadership(self.max_interval)
+            # loop comes straight back because we return 0. Claims still to
+            # write back are tried again within a second, not a max_interval.
+            election.wait_for_leadership(RETRY_DELAY if self._pending else self.max_interval)
             return 0
         with self.leader_pass():
-            return self._leader_pass(election, fence)
+            interval = self._leader_pass(election, fence)
+        # Outside the timed pass: an idle leader waiting for its next entry is not a hung one.
+        return self._idle(interval)
 
     @contextlib.contextmanager
     def leader_pass(self) -> Iterator[None]:
@@ -363,7 +366,7 @@ class LeaderScheduleMixin:
             epoch = fence.epoch
             interval = self._lead()
             self._failures = 0
-            return self._idle(interval)
+            return interval
         except FencedError as exc:
             logger.warning(
                 "zkbeat: claim fenced, publishing nothing (%s, epoch %s): %s", self.zk_settings.identity, epoch, exc

@@ -410,6 +410,11 @@ class Term:
             if not tick.skip and tick.paused is None:
                 self.pending[tick.name] = self._pending(tick)
             requeue.append(Requeue(entry, tick.due.priority, RETRY_DELAY))
+        elif isinstance(error, ClaimRefusedError) and tick.name in error.names and tick.request is not None:
+            # ZooKeeper will not let us consume this run-now request (or write
+            # its entry): leave the request out, so it cannot hold back the rest.
+            if self.triggers is not None:
+                self.triggers.refuse(tick.request.path, f"ZooKeeper refused its claim ({type(error.cause).__name__})")
         elif isinstance(error, ClaimRefusedError) and tick.name in error.names:
             logger.warning(
                 "zkbeat: ZooKeeper refused the claim of entry %r under %s (%s): someone else's ACL is on it; "

@@ -106,6 +106,12 @@ class Watchdog:
             if current is None or fired or self._clock() - current[0] <= self.timeout:
                 return False
             self._fired = True
+            # Step down under the lock: a turned() in between would otherwise
+            # clear the flag before the hold is set, and nobody would resume.
+            try:
+                self._step_down()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive a failed step-down
+                logger.exception("zkbeat: the watchdog could not step down")
         started, ident = current
         self.stalls += 1
         frame = sys._current_frames().get(ident)
@@ -120,10 +126,6 @@ class Watchdog:
             self._describe(),
             stack,
         )
-        try:
-            self._step_down()
-        except Exception:  # noqa: BLE001 - the watchdog must outlive a failed step-down
-            logger.exception("zkbeat: the watchdog could not step down")
         return True
 
     def _run(self) -> None:

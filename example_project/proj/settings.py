@@ -136,6 +136,11 @@ CELERY_ZKBEAT_IDENTITY = os.environ.get("ZKBEAT_IDENTITY") or None
 # run late. None: run it once, late (Celery's own rule). django-celery-beat's
 # tables have no field for a per-task value, so here it is one for all.
 CELERY_ZKBEAT_MISFIRE_GRACE_TIME = _env_float("ZKBEAT_MISFIRE_GRACE_TIME")
+# What a leader does with ticks missed during an outage, a failover or a pause:
+# "once" (run them as one, Celery's rule), "skip", or "all" (each slot once, in order).
+CELERY_ZKBEAT_CATCHUP = os.environ.get("ZKBEAT_CATCHUP", "once")
+# With "all": the most missed slots published; past it none runs, and the log says why.
+CELERY_ZKBEAT_CATCHUP_LIMIT = int(os.environ.get("ZKBEAT_CATCHUP_LIMIT", "100"))
 # ZooKeeper digest auth "user:password": zkbeat authenticates and gives its znodes
 # an ACL for that user only. None: no auth (open ACL).
 CELERY_ZKBEAT_AUTH = [("digest", os.environ["ZKBEAT_DIGEST"])] if os.environ.get("ZKBEAT_DIGEST") else None
@@ -151,3 +156,9 @@ CELERY_ZKBEAT_SSL_KEY = os.environ.get("ZKBEAT_SSL_KEY") or None
 CELERY_ZKBEAT_METRICS_PORT = int(os.environ["ZKBEAT_METRICS_PORT"]) if os.environ.get("ZKBEAT_METRICS_PORT") else None
 # Address that port listens on.
 CELERY_ZKBEAT_METRICS_ADDRESS = os.environ.get("ZKBEAT_METRICS_ADDRESS", "0.0.0.0")
+# A small socket per replica through which the next one sees a crash at once.
+CELERY_ZKBEAT_LIVENESS = os.environ.get("ZKBEAT_LIVENESS", "1") in ("1", "true", "yes")
+# Where that socket listens (host or host:port); None: the address that reaches ZooKeeper.
+CELERY_ZKBEAT_LIVENESS_ADDRESS = os.environ.get("ZKBEAT_LIVENESS_ADDRESS") or None
+# Seconds a leader's pass may take before the watchdog steps a hung leader down.
+CELERY_ZKBEAT_STALL_TIMEOUT = _env_float("ZKBEAT_STALL_TIMEOUT") or 30.0
