@@ -110,6 +110,15 @@ class Settings:
         help="Most missed slots the ``all`` catch-up publishes for one entry; past it none of them is, the "
         "entry goes on from its next slot, and the log says how many were missed (as Kubernetes CronJobs do).",
     )
+    jitter: float = _setting(
+        0.0,
+        shown="``0`` (off)",
+        help="Seconds: each tick is published up to this much after its slot, by an offset in ``[0, jitter)`` "
+        "that a hash of the root, the entry and the slot fixes, so every replica and every leader after a "
+        "failover publishes a slot at the same moment; headers and task ids keep the nominal slot. An entry "
+        "whose interval (a crontab's gap to its next run) is not longer than the jitter runs without it (logged "
+        "once). Per entry: ``options={'zkbeat_jitter': 30}`` (removed before publish).",
+    )
     auth: tuple[tuple[str, str], ...] = _setting(
         (),
         shown="``None``",
@@ -208,6 +217,7 @@ def read_settings(
         misfire_grace_time=parse_misfire_grace_time("zkbeat_misfire_grace_time", get("zkbeat_misfire_grace_time")),
         catchup=parse_catchup("zkbeat_catchup", _or_default(get("zkbeat_catchup"), "once")),
         catchup_limit=_parse_catchup_limit(get("zkbeat_catchup_limit")),
+        jitter=parse_jitter("zkbeat_jitter", get("zkbeat_jitter")),
         auth=_parse_auth(get("zkbeat_auth")),
         use_ssl=use_ssl,
         ssl_ca=_parse_file("zkbeat_ssl_ca", get("zkbeat_ssl_ca")),
@@ -302,6 +312,18 @@ def _parse_catchup_limit(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError("zkbeat_catchup_limit", value, "must be a whole number >= 1")
     return value
+
+
+def parse_jitter(setting: str, value: Any) -> float:
+    """A number of seconds >= 0; ``None`` and 0 are off."""
+    if value is None:
+        return 0.0
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    seconds = _parse_number(setting, value, "a number of seconds >= 0 (0 = off)")
+    if seconds < 0:
+        raise ConfigurationError(setting, value, "must be a number of seconds >= 0 (0 = off)")
+    return seconds
 
 
 def _parse_session_timeout(value: Any) -> float:

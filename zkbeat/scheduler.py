@@ -40,6 +40,7 @@ from .clock import measure_skew
 from .conf import Settings, read_settings
 from .election import Fence, LeaderElection
 from .exceptions import FencedError
+from .jitter import Jitter
 from .ledger import LAYOUT_VERSION, EntryState, Ledger
 from .liveness import Beacon, Watcher, local_address
 from .metrics import Metrics
@@ -92,6 +93,8 @@ class LeaderScheduleMixin:
         # No I/O here: beat builds a lazy instance only to print its banner.
         self.zk_settings: Settings = read_settings(app.conf, app.main)
         self.metrics = Metrics(self.zk_settings)
+        #: Each tick's publish moment after its slot (zkbeat.jitter); off by default.
+        self.jitter = Jitter(self.zk_settings.root, self.zk_settings.jitter)
         self.zk_client: KazooClient | None = None
         self.election: LeaderElection | None = None
         self.ledger: Ledger | None = None
@@ -576,7 +579,10 @@ class LeaderScheduleMixin:
                 break
             heapq.heappop(heap)
             is_due, next_time = self.entry_is_due(entry)
-            if is_due:
+            wait = self.jitter.wait(entry) if is_due else 0.0
+            if wait > 0:
+                later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
+            elif is_due:
                 dues.append(Due(entry, event[1], next_time))
             else:
                 later.append(Requeue(entry, event[1], next_time))

@@ -34,10 +34,10 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from celery import beat
+from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
@@ -569,7 +569,10 @@ class Term:
         settings = self.scheduler.zk_settings
         grace = grace_time(entry, settings.misfire_grace_time)
         policy = catchup.policy_for(entry, settings.catchup)
-        decision = catchup.decide(entry, slot, now, policy, grace, settings.catchup_limit)
+        jitter = self.scheduler.jitter.offset_for(entry, slot)
+        # Lateness counts from the jittered moment: a jitter is not a misfire.
+        nominal_now = now - timedelta(seconds=jitter)
+        decision = catchup.decide(entry, slot, nominal_now, policy, grace, settings.catchup_limit)
         skip = decision.skip
         known = self.known.get(entry.name, _Known(ABSENT))
         if known.state is not None and known.state.paused is not None:
@@ -592,6 +595,13 @@ class Term:
             if decision.advance_to is not None:
                 next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
                 next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
+            elif jitter and isinstance(entry.schedule, schedules.schedule):
+                # An interval counts from the last run, which reserve() sets to
+                # now: the jittered moment. Counting from it would move every
+                # next slot later by this slot's offset, period after period.
+                # Count from the nominal moment of this publish instead: the
+                # slot when on time, Celery's "go on from now" when late.
+                next_entry.last_run_at = _as_entry_time(next_entry, max(slot, nominal_now))
             last_run_at = maybe_make_aware(next_entry.last_run_at)
         except BaseException:
             if self.scheduler.schedule.get(entry.name) is next_entry:
