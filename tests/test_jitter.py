@@ -35,9 +35,7 @@ class Sent:
 
     def of(self, name: str) -> list[tuple[datetime, float, dict]]:
         """(nominal slot, publish time, headers) of ``name``'s messages, in publish order."""
-        return [
-            (datetime.fromisoformat(h[HEADER_SLOT]), at, h) for h, at in self.rows if h.get("zkbeat-entry") == name
-        ]
+        return [(datetime.fromisoformat(h[HEADER_SLOT]), at, h) for h, at in self.rows if h.get("zkbeat-entry") == name]
 
     def close(self) -> None:
         after_task_publish.disconnect(self._record)

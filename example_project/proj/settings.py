@@ -141,6 +141,9 @@ CELERY_ZKBEAT_MISFIRE_GRACE_TIME = _env_float("ZKBEAT_MISFIRE_GRACE_TIME")
 CELERY_ZKBEAT_CATCHUP = os.environ.get("ZKBEAT_CATCHUP", "once")
 # With "all": the most missed slots published; past it none runs, and the log says why.
 CELERY_ZKBEAT_CATCHUP_LIMIT = int(os.environ.get("ZKBEAT_CATCHUP_LIMIT", "100"))
+# Seconds of jitter: each tick is published up to this much after its slot, the same
+# offset on every replica (a hash of the entry and slot). 0: at the slot.
+CELERY_ZKBEAT_JITTER = _env_float("ZKBEAT_JITTER") or 0
 # ZooKeeper digest auth "user:password": zkbeat authenticates and gives its znodes
 # an ACL for that user only. None: no auth (open ACL).
 CELERY_ZKBEAT_AUTH = [("digest", os.environ["ZKBEAT_DIGEST"])] if os.environ.get("ZKBEAT_DIGEST") else None
