@@ -99,7 +99,8 @@ def test_quorum_lost_and_back(
     # alpha and beta (no grace) catch the outage up once, late; gamma (grace 2 s) skips it, logged.
     late = {entry for entry, _, lateness in report.late if lateness > QUORUM_OUTAGE / 2}
     assert late == {"alpha", "beta"}
-    assert [entry for entry, _ in report.skipped] == ["gamma"]
+    # Past its 2 s grace gamma is skipped once, or again if a loaded machine makes the next pass late too.
+    assert {entry for entry, _ in report.skipped} == {"gamma"}
 
 
 def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
@@ -175,9 +176,10 @@ def test_broker_outage_under_a_running_leader(
     leader = next(r for r in cluster.replicas if r.identity == first.identity).log()
     # kombu's retry policy waited for the broker; claims were not made and
     # withdrawn again every second (at most the batch in flight when it went).
-    assert leader.count("its claim is withdrawn") <= len(ENTRIES), leader
+    assert leader.count("it is written back") <= len(ENTRIES), leader
     assert "broker reachable again" in leader
     assert_clean(report, cluster.logs())
     late = {entry for entry, _, lateness in report.late if lateness > BROKER_OUTAGE / 2}
     assert late == {"alpha", "beta"}
-    assert [entry for entry, _ in report.skipped] == ["gamma"]
+    # Past its 2 s grace gamma is skipped once, or again if a loaded machine makes the next pass late too.
+    assert {entry for entry, _ in report.skipped} == {"gamma"}

@@ -107,7 +107,7 @@ def test_with_confirms_a_refused_message_is_logged_counted_as_run_and_not_an_out
             message=lambda: caplog.text,
         )
         refused = dropped_lines(caplog, "refused")
-        assert not [r for r in caplog.records if "unreachable" in r.getMessage() or "withdrawn" in r.getMessage()]
+        assert not [r for r in caplog.records if "unreachable" in r.getMessage() or "written back" in r.getMessage()]
         state = scheduler.ledger.load(["refused", "fine"])
         assert state["refused"].state.total_run_count == len(refused), "each refused tick counts as run, once"
         assert state["fine"].state.total_run_count == published.count("fine"), "every claimed fine tick went out"
@@ -194,7 +194,7 @@ def test_with_confirms_and_a_confirm_timeout_a_cut_link_withdraws_the_tick_and_s
         assert len(published.headers) == before, "nothing counts as sent without its ack"
         rabbit.proxy.heal()
         wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= before + 2, timeout=30)
-    assert "withdrawn" in caplog.text and "reachable again" in caplog.text
+    assert "written back" in caplog.text and "reachable again" in caplog.text
     assert scheduler.election.is_leader
     queued = [h["zkbeat-slot"] for h in drain(rabbit, "celery")]
     sent = [h["zkbeat-slot"] for h in published.headers]

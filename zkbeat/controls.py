@@ -210,6 +210,10 @@ def _parse_request(name: str, path: str, raw: bytes) -> TriggerRequest:
     return TriggerRequest(name=name, path=path, entry=entry, by=by, at=moment.astimezone(timezone.utc), raw=raw)
 
 
+#: Seconds between looks at the trigger flag while an idle leader waits.
+_WAIT_SLICE = 0.05
+
+
 class TriggerInbox:
     """The leader's view of run-now requests: one child watch, read only when it fired.
 
@@ -236,8 +240,21 @@ class TriggerInbox:
         self.changed.set()
 
     def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a new request; True if one came."""
-        return self.changed.wait(timeout)
+        """Block up to ``timeout`` seconds for a new request; True if one came.
+
+        Sleeps in short slices and looks at the watch's flag in between,
+        instead of a timed ``Event.wait``: a process whose clocks are shifted
+        (libfaketime, as the clock-skew tests run replicas) never returns
+        from a timed wait, while ``time.sleep`` still works. The flag is
+        local (the watch sets it); nothing is asked of ZooKeeper meanwhile.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.changed.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, _WAIT_SLICE))
+        return True
 
     def take(self) -> list[TriggerRequest]:
         """The requests waiting, oldest first, if the watch fired since the last read; else none.
