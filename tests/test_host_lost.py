@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.accounting import account, logged_skips
-from tests.support.faults import candidates, ledger_slots
+from tests.support.accounting import accounting
+from tests.support.faults import candidates
 from tests.support.helpers import wait_for
 from tests.support.netns import Network, available
 from tests.support.processes import ROOT, Cluster, Publish, Replica
@@ -91,24 +91,6 @@ def leader_host(cluster: Cluster, client: KazooClient) -> HostReplica:
     return next(r for r in cluster.replicas if r.pid == pid)
 
 
-def finish(cluster: Cluster, client: KazooClient, **kwargs):
-    for replica in cluster.replicas:
-        replica.signal(signal.SIGTERM)
-    for replica in cluster.replicas:
-        if replica.process is not None:
-            replica.wait(30)
-    report = account(
-        cluster.publishes(),
-        cluster.schedule,
-        skips=logged_skips([r.log() for r in cluster.replicas]),
-        ledger_slots=ledger_slots(client, cluster.root),
-        **kwargs,
-    )
-    print(report.table())
-    print(report.leader_table())
-    return report
-
-
 def test_a_lost_host_is_replaced_at_the_session_timeout_not_earlier(
     hosts: tuple[Network, Cluster], zk_client: KazooClient, zk_server: ZooKeeperServer
 ) -> None:
@@ -133,7 +115,7 @@ def test_a_lost_host_is_replaced_at_the_session_timeout_not_earlier(
     wait_for(lambda: len([p for p in cluster.publishes() if p.at > healed_at]) >= 6, timeout=30)
     assert [p for p in cluster.publishes() if p.pid == lost.pid and p.at > cut_at + 0.5] == []
     assert lost.alive
-    report = finish(cluster, zk_client)
+    report = accounting(cluster, zk_client)
     assert report.twice == 0, report.details()
 
 
@@ -156,5 +138,5 @@ def test_kill_9_on_another_host_is_seen_across_the_network(
     heir = next(r for r in cluster.replicas if r.alive and r.pid == taken.pid)
     assert GONE_LINE in heir.log()
     wait_for(lambda: len([p for p in cluster.publishes() if p.pid == taken.pid]) >= 3, timeout=20)
-    report = finish(cluster, zk_client, kills=[(leader.pid, killed_at)])
+    report = accounting(cluster, zk_client, kills=[(leader.pid, killed_at)])
     assert report.twice == 0 and report.lost_unexplained == [], report.details()

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.accounting import Report, account, logged_skips
-from tests.support.faults import candidates, ledger_slots
+from tests.support.accounting import Report, accounting
+from tests.support.faults import candidates
 from tests.support.helpers import wait_for
 from tests.support.processes import Cluster, Publish, Replica
 from tests.support.proxy import TcpProxy
@@ -78,26 +78,6 @@ def new_leader(cluster: Cluster, old_pid: int, since: float, timeout: float) -> 
 
 def line_pids(client: KazooClient, root: str) -> list[int]:
     return [data.get("pid") for _, data, _ in candidates(client, root)]
-
-
-def accounting(cluster: Cluster, client: KazooClient, **kwargs) -> Report:
-    """Stop every replica gracefully, then count what was published against the ledger."""
-    for replica in cluster.replicas:
-        replica.signal(signal.SIGCONT)
-        replica.signal(signal.SIGTERM)
-    for replica in cluster.replicas:
-        if replica.process is not None:
-            replica.wait(30)
-    report = account(
-        cluster.publishes(),
-        cluster.schedule,
-        skips=logged_skips([r.log() for r in cluster.replicas]),
-        ledger_slots=ledger_slots(client, cluster.root),
-        **kwargs,
-    )
-    print(report.table())
-    print(report.leader_table())
-    return report
 
 
 def assert_clean(report: Report, cluster: Cluster) -> None:
