@@ -179,9 +179,10 @@ def test_after_a_failover_the_new_leader_computes_the_same_moment(make_scheduler
     """Two schedulers on one root: each slot goes out once, never before slot + offset, whoever leads."""
     schedule = {"spread": every(2, options={"zkbeat_jitter": 1.8})}
     first = make_scheduler(schedule, identity="first")
-    second = make_scheduler(schedule, identity="second")
     root = first.zk_settings.root
     lead(first)
+    # Built only now: two candidates made together race for the lowest sequence number.
+    second = make_scheduler(schedule, identity="second")
     wait_for(lambda: first.tick() is not None and len(sent.of("spread")) >= 1, timeout=30)
     by_first = len(sent.of("spread"))
     first.close()
