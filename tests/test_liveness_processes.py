@@ -220,7 +220,10 @@ def test_a_leader_hung_on_a_black_holed_broker_is_replaced(
     report = accounting(cluster, zk_client)
     assert report.twice == 0, report.details()
     if report.lost_unexplained or report.unpublished_claims:
-        assert "was not published" in hung.log(), report.details()
+        # A claim never sent, or sent into the black hole without an answer
+        # (it may have arrived, so it is not sent again): at most once, logged.
+        explained = ("was not published", "may or may not have reached the broker")
+        assert any(line in hung.log() for line in explained), report.details()
     proxy.close()
 
 

@@ -14,6 +14,13 @@ server when it builds a channel, whereas ``Connection.connected`` of a
 connection built before the outage still says True. That is why a leader
 whose publish failed throws the connection away (:func:`forget`), so that the
 next wait really asks the broker.
+
+A publish that fails is not always unsent. One that fails while it waits
+for the broker's answer (a Redis reply, a RabbitMQ publisher confirm) was
+already written: the broker may hold the message. Sending that tick again,
+whether by kombu's publish retry or by writing the claim back so that it
+stays due, could put it in the queue twice under one task id. Such a tick
+counts as sent, at most once (:func:`may_have_arrived`, :func:`guard_retries`).
 """
 
 from __future__ import annotations
@@ -21,12 +28,23 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 from kombu.exceptions import OperationalError
 
-__all__ = ["RETRY_POLICY", "PUBLISH_TIMEOUTS", "wait_for_broker", "is_broker_error", "forget", "beat_connection"]
+__all__ = [
+    "RETRY_POLICY",
+    "PUBLISH_TIMEOUTS",
+    "PublishUncertainError",
+    "wait_for_broker",
+    "is_broker_error",
+    "may_have_arrived",
+    "guard_retries",
+    "forget",
+    "beat_connection",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +56,9 @@ RETRY_POLICY = {"interval_start": 0, "interval_step": 0.5, "interval_max": 1.0}
 #: kombu's Redis transport has none by default, so a publish to a black-holed
 #: broker would block until TCP gives up (many minutes), with beat's
 #: shutdown signals held. A healthy Redis answers an LPUSH in a millisecond;
-#: 10 s keeps a reply that is merely slow (whose timeout would make the tick
-#: be withdrawn and sent again) very unlikely, and bounds the hang to about
-#: 40 s with Celery's default publish retries (4 attempts). Connecting gets
+#: 10 s keeps a reply that is merely slow (its timeout leaves the tick
+#: uncertain, counted as sent: see may_have_arrived) very unlikely, and
+#: bounds the hang to 10 s, since a publish without an answer is not retried. Connecting gets
 #: 5 s, so that one attempt fits in a pass's broker wait (zkbeat.term.BROKER_WAIT).
 PUBLISH_TIMEOUTS = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
 
@@ -83,6 +101,70 @@ def is_broker_error(exc: BaseException, connection: Any) -> bool:
         isinstance(current, OperationalError) and current.__cause__ is None and current.__context__ is None
         for current in chain
     )
+
+
+class PublishUncertainError(Exception):
+    """A publish failed after it was written: the broker may have the message, so it is not sent again."""
+
+
+#: Where a publish hands the message over: kombu's virtual transports (Redis)
+#: and py-amqp, with and without confirms.
+_PUBLISH_FRAMES = frozenset({"basic_publish", "_basic_publish", "basic_publish_confirm", "_put"})
+#: Waiting for the broker's answer to what was written: redis-py's reply
+#: parsing, py-amqp's frame reading (a confirm).
+_ANSWER_FRAMES = frozenset({"parse_response", "read_response", "wait", "drain_events", "read_frame"})
+#: (Re)connecting, which sends no message: redis-py's pool and handshake, py-amqp's connect.
+_CONNECT_FRAMES = frozenset({"get_connection", "connect", "_connect", "connect_check_health", "on_connect"})
+
+
+def may_have_arrived(exc: BaseException, connection: Any) -> bool:
+    """True when ``exc`` (or what it was raised from) cut off the wait for the broker's answer to a publish.
+
+    Read off the traceback: an error of reaching the broker (a timeout, a
+    reset, a closed link: not an answer such as a nack), raised in a publish
+    frame below which a frame waits for an answer, with no (re)connect in
+    between. Anything else (a refused connection, a failed write, a
+    declare, serialising) sent nothing the broker could act on: a write cut
+    short leaves an incomplete command or frame, which Redis and RabbitMQ
+    both discard. A traceback we cannot read this way counts as unsent.
+    """
+    kinds = _unreachable_kinds(connection)
+    for current in _chain(exc):
+        if isinstance(current, PublishUncertainError):
+            return True
+        if not _is_unreachable(current, kinds):
+            continue
+        names = [frame.f_code.co_name for frame, _ in traceback.walk_tb(current.__traceback__)]
+        publishing = [i for i, name in enumerate(names) if name in _PUBLISH_FRAMES]
+        if not publishing:
+            continue
+        below = names[publishing[-1] + 1 :]
+        waiting = [i for i, name in enumerate(below) if name in _ANSWER_FRAMES]
+        connecting = [i for i, name in enumerate(below) if name in _CONNECT_FRAMES]
+        if waiting and not (connecting and connecting[0] < waiting[0]):
+            return True
+    return False
+
+
+def guard_retries(options: dict[str, Any], connection: Any) -> dict[str, Any]:
+    """``options`` with a retry policy whose errback stops kombu from sending again what may have arrived.
+
+    kombu's publish retry (on by default in Celery) reconnects and sends
+    again after any connection error, a lost answer included. The errback
+    runs before each retry; raising there ends the retries. A publish that
+    failed before it was sent is still retried as the user's policy says.
+    """
+    policy = dict(options.get("retry_policy") or {})
+    theirs = policy.get("errback")
+
+    def errback(exc: BaseException, interval: float) -> None:
+        if may_have_arrived(exc, connection):
+            raise PublishUncertainError(f"no answer to a publish that was sent: {exc!r}") from exc
+        if theirs is not None:
+            theirs(exc, interval)
+
+    policy["errback"] = errback
+    return {**options, "retry_policy": policy}
 
 
 #: errno values of an OSError that mean "cannot reach the other side".
@@ -148,12 +230,17 @@ def beat_connection(app: Any) -> Any:
 
 
 def forget(scheduler: Any) -> None:
-    """Drop beat's cached broker connection and producer, so the next use reconnects."""
+    """Drop beat's cached broker connection and producer, so the next use reconnects.
+
+    The connection is collected, not released: releasing closes channels
+    politely, and on py-amqp that waits for the broker's close-ok, forever
+    on a link that lost its answers.
+    """
     connection = scheduler.__dict__.pop("connection", None)
     scheduler.__dict__.pop("producer", None)
     if connection is not None:
         try:
-            connection.release()
+            connection.collect()
         except Exception:  # noqa: BLE001 - it is broken already; we only let it go
             logger.debug("zkbeat: error releasing the broker connection", exc_info=True)
 

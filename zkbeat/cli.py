@@ -459,8 +459,16 @@ def trigger(ctx: click.Context, entry: str, no_wait: bool, wait_timeout: float, 
             ),
         )
     data = {"entry": entry, "request": name, "published": receipt, "seconds": round(waited, 3)}
-    text = f"published {entry} ({name}) as task {receipt.get('task_id', '?')}, epoch {receipt.get('epoch', '?')}, "
-    _report(as_json, data, text + f"{waited * 1000:.0f} ms after the request")
+    task = f"task {receipt.get('task_id', '?')}, epoch {receipt.get('epoch', '?')}"
+    if receipt.get("uncertain"):
+        _fail(
+            1,
+            _printable(
+                f"{entry} ({name}) was sent as {task} but the broker never answered: it may or may not have "
+                "arrived, and is not sent again; look for that task id in the worker's log"
+            ),
+        )
+    _report(as_json, data, f"published {entry} ({name}) as {task}, {waited * 1000:.0f} ms after the request")
 
 
 for _command in (status, step_down, health, pause, resume, trigger):

@@ -305,14 +305,20 @@ class TriggerInbox:
         self.refused.add(path)
         logger.error("zkbeat: leaving out the trigger request %s: %s", path, why)
 
-    def receipt(self, request: TriggerRequest, task_id: str, epoch: int) -> None:
-        """Tell ``zkbeat trigger`` the run was published; drop receipts nobody waited for."""
+    def receipt(self, request: TriggerRequest, task_id: str, epoch: int, uncertain: bool = False) -> None:
+        """Tell ``zkbeat trigger`` the run was published; drop receipts nobody waited for.
+
+        ``uncertain``: the publish got no answer from the broker, so it may
+        or may not have arrived (it is not sent again).
+        """
         data = {
             "entry": request.entry,
             "task_id": task_id,
             "epoch": epoch,
             "published_at": datetime.now(timezone.utc).isoformat(),
         }
+        if uncertain:
+            data["uncertain"] = True
         try:
             self.client.create(f"{self.done}/{request.name}", json.dumps(data).encode(), makepath=True)
         except NodeExistsError:

@@ -45,7 +45,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from . import catchup
 from ._signals import hold_shutdown_signals
 from .broker import forget as forget_broker
-from .broker import is_broker_error, wait_for_broker
+from .broker import guard_retries, is_broker_error, may_have_arrived, wait_for_broker
 from .controls import TriggerInbox, TriggerRequest
 from .election import Fence
 from .exceptions import ClaimConflictError, ClaimRefusedError, FencedError
@@ -70,6 +70,8 @@ BROKER_WAIT = 5.0
 #: once. The claims it leaves unsent are pending and written back at close().
 SIGNAL_HOLD_LIMIT = 30.0
 #: Errors after which a ZooKeeper write may or may not have landed.
+#: What the log says of a publish that got no answer.
+MAYBE_ARRIVED = "may or may not have reached the broker"
 UNCERTAIN = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
 
 
@@ -698,13 +700,16 @@ class Term:
     def _publish(
         self, entry: beat.ScheduleEntry, slot: datetime, producer: Any, request: TriggerRequest | None = None
     ) -> bool:
-        """Send one claimed tick. False only when the broker was unreachable.
+        """Send one claimed tick. False only when the broker was unreachable and nothing was sent.
 
-        Then the caller withdraws the claim and the tick stays due. A message
-        the broker can never take (a queue that does not exist, arguments
-        that do not serialise, a refusal) is logged and the tick counts as
-        run, as celery beat itself does: trying it again every second would
-        fail the same way forever, and must not hold back the rest.
+        Then the caller withdraws the claim and the tick stays due. A publish
+        that failed while waiting for the broker's answer may have arrived:
+        it counts as sent and is never sent again (at most once; the log
+        names it). A message the broker can never take (a queue that does
+        not exist, arguments that do not serialise, a refusal) is logged and
+        the tick counts as run, as celery beat itself does: trying it again
+        every second would fail the same way forever, and must not hold back
+        the rest.
         """
         scheduler = self.scheduler
         slot_text = slot.isoformat()
@@ -719,10 +724,25 @@ class Term:
         )
         try:
             sending = copy.copy(entry)
-            sending.options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
+            options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
+            sending.options = guard_retries(options, producer.connection)
             scheduler.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
             scheduler.metrics.publish_error()
+            if may_have_arrived(exc, scheduler.__dict__.get("connection")):
+                logger.error(
+                    "zkbeat: the publish of %s (slot %s, task id %s) got no answer (%r): it %s, and is not "
+                    "sent again (at most once); look for that task id in the queue or the worker's log",
+                    entry.name,
+                    slot_text,
+                    options["task_id"],
+                    exc,
+                    MAYBE_ARRIVED,
+                )
+                self.broker_down = True
+                forget_broker(scheduler)
+                self._receipt(entry, request, uncertain=True)
+                return True
             if is_broker_error(exc, scheduler.__dict__.get("connection")):
                 logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
                 self.broker_down = True
@@ -736,13 +756,18 @@ class Term:
             )
             return True
         scheduler.metrics.published()
-        if request is not None and self.triggers is not None:
-            task_id = manual_task_id(scheduler.zk_settings.root, entry.name, request.name)
-            try:
-                self.triggers.receipt(request, task_id, self.epoch)
-            except Exception as exc:  # noqa: BLE001 - the run is out; only the receipt is missing
-                logger.warning("zkbeat: %s was published but its receipt could not be written: %r", request.path, exc)
+        self._receipt(entry, request)
         return True
+
+    def _receipt(self, entry: beat.ScheduleEntry, request: TriggerRequest | None, uncertain: bool = False) -> None:
+        """Tell a waiting ``zkbeat trigger`` that its run went out (or got no answer)."""
+        if request is None or self.triggers is None:
+            return
+        task_id = manual_task_id(self.scheduler.zk_settings.root, entry.name, request.name)
+        try:
+            self.triggers.receipt(request, task_id, self.epoch, uncertain=uncertain)
+        except Exception as exc:  # noqa: BLE001 - the run is out; only the receipt is missing
+            logger.warning("zkbeat: %s was published but its receipt could not be written: %r", request.path, exc)
 
 
 def report_unlanded(claim: PendingClaim, record: LedgerRecord | None) -> None:

@@ -10,6 +10,11 @@ When the link heals, connections that lost bytes are reset (their streams
 are corrupt; real TCP would have given up on them too) and new ones are
 forwarded again.
 
+``lose_replies()`` cuts one direction only: what clients send still reaches
+the server, what it answers vanishes. A request then takes effect while its
+sender waits for an answer that never comes, the case a "maybe sent" publish
+must handle.
+
 ``reset()`` is the other kind of outage, a server that went away: every
 connection is reset (RST) and new ones are refused until ``heal()``, so a
 test can take a server it must not stop (the machine's RabbitMQ) away from
@@ -57,8 +62,11 @@ class TcpProxy:
         self._pairs: list[_Pair] = []
         self._lock = threading.Lock()
         self._blackholed = False
+        self._replies_lost = False
         #: Bytes from clients dropped while black-holed (a test waits on it to know they are gone).
         self.dropped = 0
+        #: Bytes from the server dropped while its replies are lost.
+        self.replies_dropped = 0
         self._refusing = False
         self._reset_requested = False
         self._heal_requested = False
@@ -85,6 +93,12 @@ class TcpProxy:
             self._blackholed = True
         self._wake()
 
+    def lose_replies(self) -> None:
+        """From now on forward what clients send, and drop every byte the server answers."""
+        with self._lock:
+            self._replies_lost = True
+        self._wake()
+
     def reset(self) -> None:
         """From now on act as a server that is gone: reset every connection, refuse new ones."""
         with self._lock:
@@ -96,6 +110,7 @@ class TcpProxy:
         """Forward again; connections that lost bytes are reset."""
         with self._lock:
             self._blackholed = False
+            self._replies_lost = False
             self._refusing = False
             self._heal_requested = True
         self._wake()
@@ -179,6 +194,10 @@ class TcpProxy:
             pair.tainted = True
             if sock is pair.client:
                 self.dropped += len(data)
+            return
+        if self._replies_lost and sock is pair.upstream:
+            pair.tainted = True
+            self.replies_dropped += len(data)
             return
         try:
             peer.setblocking(True)

@@ -1,0 +1,147 @@
+"""A publish whose answer never comes may have reached the broker: it is never sent again.
+
+An in-process leader publishes through a proxy that, at the test's word,
+forwards what the leader sends and drops what the broker answers: the
+request takes effect while its sender waits in vain (a reply lost on the
+way back, a broker stalled after it took the message). On Redis the wait
+ends with beat's socket timeout, on RabbitMQ with publisher confirms and a
+``confirm_timeout``. Either way the message is in the queue, and sending
+the tick again (kombu's publish retry, or writing the claim back so the
+tick stays due) would put it there twice under the same task id. So the
+tick counts as sent, the log says it may or may not have arrived, and every
+slot is in the queue at most once. A publish that fails before anything
+was sent (the broker refused the connection) still stays due and goes out
+once the broker is back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support.brokers import RabbitBroker
+from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.proxy import TcpProxy
+from tests.support.servers import RedisServer
+from tests.test_rabbitmq import CONFIRMS, drain
+
+MAYBE = "may or may not have reached the broker"
+
+
+class LossyBroker:
+    """A broker behind a proxy whose replies a test can lose; ``queued()`` reads the queue past the proxy."""
+
+    def __init__(self, kind: str, label: str) -> None:
+        self.kind = kind
+        if kind == "redis":
+            self.server = RedisServer().start()
+            self.proxy = TcpProxy(self.server.port).start()
+            self.url = f"redis://127.0.0.1:{self.proxy.port}/0"
+            #: Beat's settings: a 1 s socket timeout ends the wait for a lost reply.
+            self.conf: dict[str, Any] = {"broker_transport_options": {"socket_timeout": 1}}
+            self.options: dict[str, Any] = {}
+        else:
+            self.rabbit = RabbitBroker(label)
+            self.proxy = self.rabbit.proxy
+            self.url = self.rabbit.url
+            self.conf = dict(CONFIRMS)
+            self.options = {"confirm_timeout": 1}
+
+    def queued(self) -> list[str]:
+        """The zkbeat-slot header of every message in the default queue, oldest first."""
+        if self.kind == "redis":
+            client = redis.Redis(port=self.server.port)
+            try:
+                raw = client.lrange("celery", 0, -1)
+            finally:
+                client.close()
+            return [json.loads(item)["headers"]["zkbeat-slot"] for item in reversed(raw)]
+        return [h["zkbeat-slot"] for h in drain(self.rabbit, "celery")]
+
+    def close(self) -> None:
+        if self.kind == "redis":
+            self.proxy.close()
+            self.server.stop()
+        else:
+            self.rabbit.close()
+
+
+@pytest.fixture(params=["redis", "amqp"])
+def lossy(request: pytest.FixtureRequest) -> Iterator[LossyBroker]:
+    broker = LossyBroker(request.param, request.node.name)
+    yield broker
+    broker.close()
+
+
+def uncertain_slots(caplog: pytest.LogCaptureFixture, entry: str) -> list[str]:
+    """The slots the log names as sent without an answer."""
+    found = []
+    for record in caplog.records:
+        text = record.getMessage()
+        if MAYBE in text and f" {entry} " in text:
+            found += re.findall(r"\(slot ([^,)]+)", text)
+    return found
+
+
+def test_a_publish_whose_reply_is_lost_is_in_the_queue_once_and_never_sent_again(
+    make_scheduler, lossy: LossyBroker, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The message lands, its answer is lost: the tick counts as sent, logged, and appears once in the queue."""
+    scheduler = make_scheduler({"tidy": every(0.5, options=lossy.options)}, broker_url=lossy.url, **lossy.conf)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= 2, timeout=15)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        lossy.proxy.lose_replies()
+        wait_for(
+            lambda: (
+                scheduler.tick() is not None
+                and (uncertain_slots(caplog, "tidy") or "could not publish tidy" in caplog.text)
+            ),
+            timeout=60,
+            message=lambda: caplog.text,
+        )
+        lossy.proxy.heal()
+        after = published.count("tidy")
+        wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= after + 2, timeout=30)
+    assert lossy.proxy.replies_dropped > 0, "no answer was ever lost: the test proved nothing"
+    queued = lossy.queued()
+    assert len(queued) == len(set(queued)), f"a tick was sent twice: {queued}"
+    (uncertain,) = uncertain_slots(caplog, "tidy")
+    assert uncertain in queued, "the tick whose answer was lost did reach the broker"
+    sent = {h["zkbeat-slot"] for h in published.headers if h["zkbeat-entry"] == "tidy"}
+    assert set(queued) == sent | {uncertain}, "every other tick went out, once"
+    assert "written back" not in caplog.text
+    assert scheduler.election.is_leader
+
+
+def test_a_publish_refused_before_it_was_sent_stays_due_and_goes_out_once(
+    make_scheduler, lossy: LossyBroker, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker gone away (reset, then refusing): ticks wait and go out once; only one caught in flight is uncertain."""
+    scheduler = make_scheduler({"tidy": every(0.5, options=lossy.options)}, broker_url=lossy.url, **lossy.conf)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= 2, timeout=15)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        lossy.proxy.reset()
+        wait_for(
+            lambda: (
+                scheduler.tick() is not None
+                and any(text in caplog.text for text in ("could not publish tidy", "unreachable", MAYBE))
+            ),
+            timeout=30,
+            message=lambda: caplog.text,
+        )
+        lossy.proxy.heal()
+        after = published.count("tidy")
+        wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= after + 2, timeout=30)
+    queued = lossy.queued()
+    assert len(queued) == len(set(queued)), f"a tick was sent twice: {queued}"
+    sent = [h["zkbeat-slot"] for h in published.headers if h["zkbeat-entry"] == "tidy"]
+    assert len(sent) == len(set(sent))
+    assert set(sent) <= set(queued) <= set(sent) | set(uncertain_slots(caplog, "tidy"))
