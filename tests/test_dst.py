@@ -7,10 +7,14 @@ driven through with a leader handover in the middle of the hour that DST
 repeats or skips, so the new leader must get it right from the ledger alone.
 
 What "right" means is what Celery's crontab alone defines, run as a plain
-loop on the same clock (the oracle), and spelled out for the fixed-time entry:
-in New York, 01:30 on the fall-back night comes once (not again in the
-repeated hour), and 02:30 on the spring-forward night, a time that does not
-exist, runs at 03:30.
+loop on the same clock (the oracle), and spelled out for the fixed-time
+entries: in New York, 01:30 on the fall-back night comes once (not again in
+the repeated hour). 02:30 on the spring-forward night, a time that does not
+exist, depends on the Celery version: before 5.5 Celery compares wall-clock
+times, so 02:30 is due as soon as the clock jumps past it (03:00 EDT), and an
+hourly entry at :30 runs then and again at 03:30; from 5.5 on it runs once,
+at 03:30. Either way each tick carries a slot and task id of its own: the
+slot is the moment Celery first calls the tick due.
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
+import celery
 import pytest
-from celery import Celery
+from celery import Celery, beat
 from celery.schedules import crontab
 
 from tests.support.helpers import Published
 from zkbeat import Scheduler
+from zkbeat.ticks import slot_after
 
 ZONE = ZoneInfo("America/New_York")
 HOURS = 5
+#: Celery before 5.5 subtracts wall-clock times (one zone), so a skipped time is due when the clock jumps past it.
+WALL_CLOCK_CELERY = tuple(celery.VERSION[:2]) < (5, 5)
 
 
 class Clock:
@@ -51,6 +59,8 @@ def entries(clock: Clock, app: Celery) -> dict:
         "quarterly": {"task": "zkbeat.test", "schedule": cron(minute="*/15")},
         "at-01-30": {"task": "zkbeat.test", "schedule": cron(hour=1, minute=30)},
         "at-02-30": {"task": "zkbeat.test", "schedule": cron(hour=2, minute=30)},
+        # Due a whole real hour less after midnight than its wall time says (spring).
+        "at-04-00": {"task": "zkbeat.test", "schedule": cron(hour=4, minute=0)},
     }
 
 
@@ -86,7 +96,18 @@ NIGHTS = {
 }
 FIXED = {
     "fall back": {"at-01-30": ["01:30EDT"], "hourly-30": ["00:30EDT", "01:30EDT", "02:30EST", "03:30EST"]},
-    "spring forward": {"at-02-30": ["03:30EDT"], "at-01-30": ["01:30EST"]},
+    "spring forward": {
+        "at-01-30": ["01:30EST"],
+        "at-04-00": ["04:00EDT"],
+        **(
+            {
+                "at-02-30": ["03:00EDT"],
+                "hourly-30": ["00:30EST", "01:30EST", "03:00EDT", "03:30EDT", "04:30EDT", "05:30EDT"],
+            }
+            if WALL_CLOCK_CELERY
+            else {"at-02-30": ["03:30EDT"], "hourly-30": ["00:30EST", "01:30EST", "03:30EDT", "04:30EDT", "05:30EDT"]}
+        ),
+    },
 }
 
 
@@ -136,6 +157,35 @@ def test_crontab_across_dst_publishes_each_wall_clock_slot_once(
     ran = {name: [wall(slot) for entry, slot in ordered if entry == name] for name in expected}
     for name, slots in ran.items():
         assert len(slots) == len(set(slots)), f"{night}: {name} published a wall-clock slot twice: {slots}"
+    task_ids = [h["id"] for h in zkbeat_headers]
+    assert len(task_ids) == len(set(task_ids)), f"{night}: a task id was published twice"
     assert ran == expected
     for name, slots in FIXED[night].items():
         assert ran[name] == slots
+
+
+@pytest.mark.parametrize("night", sorted(NIGHTS))
+def test_slot_is_the_moment_celery_next_calls_the_tick_due(night: str) -> None:
+    """After each run Celery's crontab makes in the night, the slot zkbeat names next is Celery's next due moment."""
+    start, _ = NIGHTS[night]
+    clock = Clock(start)
+    app = Celery("slots", set_as_current=False)
+    app.conf.timezone = str(ZONE)
+    end = start + timedelta(hours=HOURS)
+    wrong = []
+    for name, spec in entries(clock, app).items():
+        entry = beat.ScheduleEntry(name=name, task="zkbeat.test", schedule=spec["schedule"], app=app)
+        clock.utc = start
+        last_run = clock()
+        while True:
+            # Every due moment here is on a whole minute (ticks and DST changes alike).
+            clock.advance(60)
+            while clock.utc < end and not spec["schedule"].is_due(last_run).is_due:
+                clock.advance(60)
+            if clock.utc >= end:
+                break
+            slot = slot_after(entry, last_run)
+            if slot != clock.utc:
+                wrong.append(f"{name} after {wall(last_run)}: due at {wall(clock.utc)}, slot {wall(slot)}")
+            last_run = clock()
+    assert not wrong, f"{night}: " + "; ".join(wrong)

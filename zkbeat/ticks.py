@@ -9,11 +9,11 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import celery
-from celery import beat
+from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 
 from .conf import ENTRY_MISFIRE_OPTION, ENTRY_OPTIONS, parse_misfire_grace_time
@@ -42,6 +42,8 @@ HEADER_MANUAL = "zkbeat-manual"
 
 #: Celery 5.7's crontab answers the same whatever day its clock says; older ones do not (see tick_slot).
 _CLOCK_AT_LAST_RUN = tuple(celery.VERSION[:2]) < (5, 7)
+#: Celery before 5.5 measures the time left on the wall clock, not in real time (see slot_after).
+_WALL_CLOCK_REMAINING = tuple(celery.VERSION[:2]) < (5, 5)
 
 
 def tick_slot(entry: beat.ScheduleEntry) -> datetime:
@@ -54,12 +56,23 @@ def tick_slot(entry: beat.ScheduleEntry) -> datetime:
     crontab compares the last run's date with the clock's, so after a last
     run on an earlier day it would name the next hour instead of the next
     tick, and two replicas asking either side of midnight would disagree.
+    Across a DST change the slot is the moment Celery calls the tick due,
+    which depends on the Celery version (see slot_after).
     """
     return slot_after(entry, entry.last_run_at)
 
 
 def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
-    """The UTC slot entry's schedule plans next after a run at ``last_run_at`` (see tick_slot)."""
+    """The UTC slot entry's schedule plans next after a run at ``last_run_at`` (see tick_slot).
+
+    The slot is the moment Celery's own ``is_due`` first says due, so that
+    two ticks never share a slot across a DST change. From Celery 5.5 on,
+    ``remaining_estimate`` is real time, counted from the clock in UTC.
+    Before 5.5 it is wall-clock time in the schedule's zone (Celery
+    subtracts two times of one zone), so the slot is the first instant whose
+    wall clock reads the planned time: for a time the spring-forward jump
+    skips, the jump itself (see _first_instant_at).
+    """
     now = datetime.now(timezone.utc)
     try:
         schedule = copy.copy(entry.schedule)
@@ -68,10 +81,45 @@ def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
         else:
             pinned = now
         schedule.nowfun = lambda: pinned
-        slot = pinned + schedule.remaining_estimate(last_run_at)
+        remaining = schedule.remaining_estimate(last_run_at)
+        if _WALL_CLOCK_REMAINING:
+            # A crontab subtracts in its own zone; other schedules in the last run's.
+            start = schedule.to_local(pinned) if isinstance(schedule, schedules.crontab) else pinned
+            slot = _first_instant_at(start + remaining)
+        else:
+            slot = maybe_make_aware(pinned).astimezone(timezone.utc) + remaining
     except Exception:  # noqa: BLE001 - custom schedules may not support this
         slot = now
     return maybe_make_aware(slot).astimezone(timezone.utc)
+
+
+def _first_instant_at(wall: datetime) -> datetime:
+    """The first instant at which a clock in ``wall``'s zone reads ``wall`` or later.
+
+    It is ``wall`` itself unless the spring-forward jump skips that time:
+    in New York 02:30 on the night that goes from 02:00 to 03:00 is first
+    passed at the jump (07:00 UTC), while PEP 495 maps it to 03:30 EDT,
+    which is also the next hour's tick. The jump is found by bisection
+    between the two readings of the skipped time, to the microsecond.
+    """
+    instant = wall.replace(fold=0).astimezone(timezone.utc)  # a repeated time: its first reading
+    naive = wall.replace(tzinfo=None)
+    zone = wall.tzinfo
+
+    def reads_past(moment: datetime) -> bool:
+        return moment.astimezone(zone).replace(tzinfo=None) >= naive
+
+    # fold=1 reads a skipped time with the offset after the jump: an instant before the jump.
+    before = wall.replace(fold=1).astimezone(timezone.utc)
+    if reads_past(before) or not reads_past(instant):
+        return instant  # a time that exists (the first of two, when the clock repeats it)
+    while instant - before > timedelta(microseconds=1):
+        middle = before + (instant - before) // 2
+        if reads_past(middle):
+            instant = middle
+        else:
+            before = middle
+    return instant
 
 
 def task_id_for(root: str, name: str, slot: datetime) -> str:
