@@ -15,6 +15,7 @@ from kazoo.exceptions import ConnectionLoss
 from kombu.exceptions import OperationalError
 
 from tests.support.helpers import Published, every, lead, wait_for
+from zkbeat import publisher as publisher_module
 from zkbeat import term as term_module
 
 
@@ -115,10 +116,10 @@ def test_a_lost_reply_then_a_broker_outage_neither_loses_nor_doubles_the_tick(
         monkeypatch.setattr(ledger, "claim", real_claim)
         # The partition that lost the reply cuts the broker too: kombu cannot
         # reach it when the replica leads again, and then can.
-        real_wait = term_module.wait_for_broker
+        real_wait = publisher_module.wait_for_broker
         outage = [OperationalError("broker unreachable (test)")]
         monkeypatch.setattr(
-            term_module, "wait_for_broker", lambda *a, **k: outage.pop() if outage else real_wait(*a, **k)
+            publisher_module, "wait_for_broker", lambda *a, **k: outage.pop() if outage else real_wait(*a, **k)
         )
         lead(scheduler)
         slot = lost[0].slot.isoformat()

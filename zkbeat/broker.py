@@ -59,7 +59,7 @@ RETRY_POLICY = {"interval_start": 0, "interval_step": 0.5, "interval_max": 1.0}
 #: 10 s keeps a reply that is merely slow (its timeout leaves the tick
 #: uncertain, counted as sent: see may_have_arrived) very unlikely, and
 #: bounds the hang to 10 s, since a publish without an answer is not retried. Connecting gets
-#: 5 s, so that one attempt fits in a pass's broker wait (zkbeat.term.BROKER_WAIT).
+#: 5 s, so that one attempt fits in a pass's broker wait (zkbeat.publisher.BROKER_WAIT).
 PUBLISH_TIMEOUTS = {"socket_timeout": 10.0, "socket_connect_timeout": 5.0}
 
 

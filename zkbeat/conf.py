@@ -27,11 +27,11 @@ DEFAULT_HOSTS = "127.0.0.1:2181"
 DEFAULT_SESSION_TIMEOUT = 10.0
 #: Seconds a leader's pass may run before the watchdog steps it down. The
 #: longest legitimate pass is about 7 s: kombu's broker wait (5 s at most,
-#: zkbeat.term.BROKER_WAIT), a 1,000-entry batch (~0.9 s of publishes and one
+#: zkbeat.publisher.BROKER_WAIT), a 1,000-entry batch (~0.9 s of publishes and one
 #: ledger transaction) and a takeover's ledger load (~0.2 s for 10,000
 #: entries); 30 s leaves four times that for a loaded host.
 DEFAULT_STALL_TIMEOUT = 30.0
-#: The stall timeout must exceed the broker wait of one pass (zkbeat.term.BROKER_WAIT).
+#: The stall timeout must exceed the broker wait of one pass (zkbeat.publisher.BROKER_WAIT).
 MIN_STALL_TIMEOUT = 5.0
 #: kazoo's own reconnect back-off doubles up to a minute; after a ZooKeeper
 #: outage a replica would then idle for tens of seconds with ZooKeeper back.

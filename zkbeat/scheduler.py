@@ -45,7 +45,8 @@ from .ledger import LAYOUT_VERSION, EntryState, Ledger
 from .liveness import Beacon, Watcher, local_address
 from .metrics import Metrics
 from .peers import LAYOUT, PeerCheck, schedule_hash
-from .term import RETRY_DELAY, Due, PendingClaim, Requeue, Term, release
+from .pending import PendingClaim, release
+from .term import RETRY_DELAY, Due, Requeue, Term
 from .ticks import task_id_for, tick_slot
 from .watchdog import Watchdog
 

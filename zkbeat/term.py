@@ -29,7 +29,6 @@ An entry with a pending claim is never claimed again until it is settled.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Iterable
@@ -44,34 +43,29 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from . import catchup
 from ._signals import hold_shutdown_signals
-from .broker import forget as forget_broker
-from .broker import guard_retries, is_broker_error, may_have_arrived, wait_for_broker
 from .controls import TriggerInbox, TriggerRequest
 from .election import Fence
 from .exceptions import ClaimConflictError, ClaimRefusedError, FencedError
-from .ledger import ABSENT, Claim, ClaimResult, EntryState, Ledger, LedgerRecord, Pause
-from .ticks import grace_time, manual_task_id, message_options, slot_after, tick_slot
+from .ledger import ABSENT, Claim, ClaimResult, EntryState, LedgerRecord, Pause
+from .pending import PendingClaim, report_unlanded, write_back
+from .publisher import BROKER_WAIT, Publisher
+from .ticks import grace_time, slot_after, tick_slot
 
 if TYPE_CHECKING:
     from .scheduler import LeaderScheduleMixin
 
-__all__ = ["Fence", "Due", "Requeue", "PendingClaim", "Term", "write_back", "RETRY_DELAY", "BROKER_WAIT"]
+__all__ = ["Fence", "Due", "Requeue", "PendingClaim", "Term", "RETRY_DELAY", "BROKER_WAIT"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds before a tick that ZooKeeper or the broker failed is tried again.
 RETRY_DELAY = 1.0
-#: Longest a leader waits inside kombu's retry policy for the broker per pass
-#: (bounded by beat's max interval), so beat's loop still turns while it is down.
-BROKER_WAIT = 5.0
 #: Longest beat's shutdown signals are held over one claim-and-publish. A
 #: publish hung on a broker that went silent must not keep SIGTERM from
 #: working until TCP gives up (minutes): past this a signal goes through at
 #: once. The claims it leaves unsent are pending and written back at close().
 SIGNAL_HOLD_LIMIT = 30.0
 #: Errors after which a ZooKeeper write may or may not have landed.
-#: What the log says of a publish that got no answer.
-MAYBE_ARRIVED = "may or may not have reached the broker"
 UNCERTAIN = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
 
 
@@ -91,27 +85,6 @@ class Requeue:
     entry: beat.ScheduleEntry
     priority: int
     delay: float
-
-
-@dataclass(frozen=True)
-class PendingClaim:
-    """A claim whose commit was never confirmed, with what it takes to settle it."""
-
-    name: str
-    priority: int
-    #: The entry as it was before the claim (what stays due if it did not land).
-    entry: beat.ScheduleEntry
-    #: The entry as the claim advanced it (what the schedule holds once it ran).
-    next_entry: beat.ScheduleEntry
-    slot: datetime
-    epoch: int
-    #: What the claim wrote, and the znode version it was written over.
-    state: EntryState
-    previous_version: int
-    #: The ledger state before the claim, written back to withdraw it.
-    previous: EntryState
-    #: The trigger request a run-now claim consumed (zkbeat.controls).
-    request: TriggerRequest | None = None
 
 
 @dataclass
@@ -157,7 +130,8 @@ class Term:
     fence: Fence
     pending: dict[str, PendingClaim] = field(default_factory=dict)
     known: dict[str, _Known] = field(default_factory=dict)
-    broker_down: bool = False
+    #: The broker side (zkbeat.publisher), made with the term.
+    publisher: Publisher = field(init=False)
     #: Monotonic time of each entry's last conflict, to back off a repeat.
     conflicted: dict[str, float] = field(default_factory=dict)
     #: Ledger records read when the term began.
@@ -173,6 +147,7 @@ class Term:
         term = cls(scheduler, fence, pending={claim.name: claim for claim in inherited})
         ledger = scheduler.ledger
         term.triggers = TriggerInbox(ledger.client, scheduler.zk_settings.root)
+        term.publisher.triggers = term.triggers
         ledger.ensure()
         if term.pending:
             ledger.sync()  # a commit still in flight from our last session lands before we read
@@ -185,9 +160,17 @@ class Term:
             term.settle(records)
         return term
 
+    def __post_init__(self) -> None:
+        self.publisher = Publisher(self.scheduler, self.fence.epoch, self.triggers)
+
     @property
     def epoch(self) -> int:
         return self.fence.epoch
+
+    @property
+    def broker_down(self) -> bool:
+        """A send failed for want of the broker this term, and it has not answered since."""
+        return self.publisher.broker_down
 
     @property
     def identity(self) -> str:
@@ -245,7 +228,7 @@ class Term:
 
     def _settle_landed(self, landed: list[tuple[PendingClaim, LedgerRecord]]) -> None:
         """Our unconfirmed claims committed: publish them late, or write them back if the broker is down."""
-        producer = None if self.broker_down else self._producer(len(landed))
+        producer = None if self.broker_down else self.publisher.producer(len(landed))
         unsent = []
         with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
             for claim, record in landed:
@@ -253,7 +236,7 @@ class Term:
                 if producer is not None and not self.broker_down:
                     slot = claim.slot.isoformat()
                     logger.info("zkbeat: the claim of %s at %s had committed; publishing it now", claim.name, slot)
-                    if self._publish(claim.entry, claim.slot, producer, claim.request):
+                    if self.publisher.publish(claim.entry, claim.slot, producer, claim.request):
                         del self.pending[claim.name]
                         self._apply(claim.name, claim.state)
                         continue
@@ -334,7 +317,7 @@ class Term:
                     requeue.append(Requeue(due.entry, due.priority, scheduler.max_interval))
             if not ticks:
                 return requeue
-            producer = self._producer(len(ticks))  # the broker answers, before anything is claimed
+            producer = self.publisher.producer(len(ticks))  # the broker answers, before anything is claimed
             if producer is None:
                 requeue.extend(Requeue(t.due.entry, t.due.priority, RETRY_DELAY) for t in ticks)
                 return requeue
@@ -452,7 +435,7 @@ class Term:
             if self.broker_down:
                 return False
             tick.sending = True
-            if not self._publish(entry, tick.slot, producer, tick.request):
+            if not self.publisher.publish(entry, tick.slot, producer, tick.request):
                 tick.sending = False
                 return False
         tick.settled = True
@@ -532,7 +515,7 @@ class Term:
             ticks.append(_Tick(Due(entry, 0, 0), entry, request.at, False, claim, previous, request=request))
         if not ticks:
             return
-        producer = self._producer(len(ticks))
+        producer = self.publisher.producer(len(ticks))
         if producer is None:
             self.triggers.again()
             return
@@ -661,196 +644,6 @@ class Term:
                 due = Due(due.entry, due.priority, next_time)
             still_due.append(due)
         return still_due
-
-    # -- ledger writes besides the claim -------------------------------------
-
-    # -- the broker --------------------------------------------------------
-
-    def _producer(self, waiting: int) -> Any:
-        """Beat's producer once kombu has (re)connected to the broker; None if it is down.
-
-        The wait runs under kombu's retry policy (zkbeat.broker), at most
-        BROKER_WAIT seconds per pass, before anything is claimed: ticks that
-        come due meanwhile stay due, unclaimed, and go out once it is back.
-        """
-        scheduler = self.scheduler
-        error = wait_for_broker(scheduler.connection, min(scheduler.max_interval, BROKER_WAIT))
-        producer = None
-        if error is None:
-            try:
-                producer = scheduler.producer
-            except Exception as exc:  # noqa: BLE001 - a broker outage must not end beat
-                error = exc
-        if error is not None:
-            if not self.broker_down:
-                logger.error(
-                    "zkbeat: broker unreachable (%r); %d due ticks wait, unclaimed, while kombu reconnects (%s)",
-                    error,
-                    waiting,
-                    self.identity,
-                )
-            self.broker_down = True
-            forget_broker(scheduler)
-            return None
-        if self.broker_down:
-            logger.info("zkbeat: broker reachable again; publishing what came due (%s)", self.identity)
-            self.broker_down = False
-        return producer
-
-    def _publish(
-        self, entry: beat.ScheduleEntry, slot: datetime, producer: Any, request: TriggerRequest | None = None
-    ) -> bool:
-        """Send one claimed tick. False only when the broker was unreachable and nothing was sent.
-
-        Then the caller withdraws the claim and the tick stays due. A publish
-        that failed while waiting for the broker's answer may have arrived:
-        it counts as sent and is never sent again (at most once; the log
-        names it). A message the broker can never take (a queue that does
-        not exist, arguments that do not serialise, a refusal) is logged and
-        the tick counts as run, as celery beat itself does: trying it again
-        every second would fail the same way forever, and must not hold back
-        the rest.
-        """
-        scheduler = self.scheduler
-        slot_text = slot.isoformat()
-        manual = request.name if request is not None else None
-        logger.info(
-            "Scheduler: Sending %s task %s (%s) slot %s epoch %s",
-            f"triggered ({manual} by {request.by})" if request is not None else "due",
-            entry.name,
-            entry.task,
-            slot_text,
-            self.epoch,
-        )
-        try:
-            sending = copy.copy(entry)
-            options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
-            sending.options = guard_retries(options, producer.connection)
-            scheduler.apply_async(sending, producer=producer, advance=False)
-        except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
-            scheduler.metrics.publish_error()
-            if may_have_arrived(exc, scheduler.__dict__.get("connection")):
-                logger.error(
-                    "zkbeat: the publish of %s (slot %s, task id %s) got no answer (%r): it %s, and is not "
-                    "sent again (at most once); look for that task id in the queue or the worker's log",
-                    entry.name,
-                    slot_text,
-                    options["task_id"],
-                    exc,
-                    MAYBE_ARRIVED,
-                )
-                self.broker_down = True
-                forget_broker(scheduler)
-                self._receipt(entry, request, uncertain=True)
-                return True
-            if is_broker_error(exc, scheduler.__dict__.get("connection")):
-                logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
-                self.broker_down = True
-                forget_broker(scheduler)
-                return False
-            logger.error(
-                "zkbeat: %s (slot %s) cannot be sent and is dropped, as celery beat would: %r",
-                entry.name,
-                slot_text,
-                exc,
-            )
-            return True
-        scheduler.metrics.published()
-        self._receipt(entry, request)
-        return True
-
-    def _receipt(self, entry: beat.ScheduleEntry, request: TriggerRequest | None, uncertain: bool = False) -> None:
-        """Tell a waiting ``zkbeat trigger`` that its run went out (or got no answer)."""
-        if request is None or self.triggers is None:
-            return
-        task_id = manual_task_id(self.scheduler.zk_settings.root, entry.name, request.name)
-        try:
-            self.triggers.receipt(request, task_id, self.epoch, uncertain=uncertain)
-        except Exception as exc:  # noqa: BLE001 - the run is out; only the receipt is missing
-            logger.warning("zkbeat: %s was published but its receipt could not be written: %r", request.path, exc)
-
-
-def report_unlanded(claim: PendingClaim, record: LedgerRecord | None) -> None:
-    """Say what became of a pending claim the ledger does not hold (any more)."""
-    name, slot = claim.name, claim.slot.isoformat()
-    state = record.state if record is not None else None
-    if (record.version if record is not None else ABSENT) == claim.previous_version:
-        logger.info("zkbeat: the claim of %s at %s did not commit; the tick is still due", name, slot)
-    elif state == claim.previous:
-        logger.info("zkbeat: the claim of %s at %s was written back; the tick is still due", name, slot)
-    else:
-        logger.warning(
-            "zkbeat: the claim of %s at %s was never confirmed, and the ledger has moved on (slot %s, epoch "
-            "%s): if that claim had landed, its tick was not published",
-            name,
-            slot,
-            state.slot.isoformat() if state is not None and state.slot else "unknown",
-            state.epoch if state is not None else "unknown",
-        )
-
-
-def write_back(
-    ledger: Ledger, claims: list[PendingClaim], fence: str | None, versions: dict[str, int]
-) -> dict[str, int]:
-    """Write each claim's pre-claim state over it, in one transaction, so its tick stays due.
-
-    Compare-and-set at ``versions`` (the version our claim gave the znode):
-    if anyone wrote the entry since, nothing is overwritten. A run-now's
-    request is put back with it. Returns the new version of each claim
-    written back; the others stay pending (logged), for a later term or
-    close() to write back.
-    """
-    writes = [
-        Claim(c.name, c.previous, versions[c.name], restore=(c.request.path, c.request.raw) if c.request else None)
-        for c in claims
-    ]
-    try:
-        result = ledger.claim(writes, fence)
-        error: BaseException | None = result.error
-        committed = result.committed
-    except Exception as exc:  # noqa: BLE001 - reported below; they stay pending
-        error, committed = exc, dict(getattr(exc, "committed", {}))
-    for claim in claims:
-        if claim.name in committed:
-            logger.info(
-                "zkbeat: the claim of %s at %s was not sent; it is written back, so the tick stays due",
-                claim.name,
-                claim.slot.isoformat(),
-            )
-    if error is not None:
-        logger.error(
-            "zkbeat: ticks recorded as run but not published could not be written back (%r): %s; they stay "
-            "pending, and are written back when this replica leads again or stops",
-            error,
-            ", ".join(f"{c.name} at {c.slot.isoformat()}" for c in claims if c.name not in committed),
-        )
-    return committed
-
-
-def release(ledger: Ledger, claims: list[PendingClaim]) -> list[PendingClaim]:
-    """Write back the pending claims that landed, without leading (at close(), or while following).
-
-    Needs no fence: the compare-and-set at the version our claim wrote
-    succeeds only if nobody has written the entry since, and a leader that
-    read our claim then conflicts and re-reads. Returns the claims still
-    pending (ZooKeeper could not be asked, or did not answer).
-    """
-    if not claims:
-        return []
-    ledger.sync()
-    records = ledger.load([claim.name for claim in claims])
-    landed, versions = [], {}
-    for claim in claims:
-        record = records.get(claim.name)
-        if record is not None and record.state == claim.state:
-            landed.append(claim)
-            versions[claim.name] = record.version
-        else:
-            report_unlanded(claim, record)
-    if not landed:
-        return []
-    written = write_back(ledger, landed, None, versions)
-    return [claim for claim in landed if claim.name not in written]
 
 
 def _as_entry_time(entry: beat.ScheduleEntry, moment: datetime, zones: dict[tuple, Any] | None = None) -> datetime:

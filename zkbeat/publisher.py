@@ -1,0 +1,155 @@
+"""Handing claimed ticks to the broker: wait for it, send, and say what became of each send.
+
+One per term. It keeps the broker's state for the term (``broker_down``:
+once a send failed for want of the broker, the rest of a batch is not
+tried) and decides for each failed send whether the tick stays due (nothing
+was sent), counts as run though its message may not have arrived (it was
+sent and no answer came: never sent again), or counts as run because the
+broker can never take it (as celery beat does).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from celery import beat
+
+from .broker import forget as forget_broker
+from .broker import guard_retries, is_broker_error, may_have_arrived, wait_for_broker
+from .controls import TriggerInbox, TriggerRequest
+from .ticks import manual_task_id, message_options
+
+if TYPE_CHECKING:
+    from .scheduler import LeaderScheduleMixin
+
+__all__ = ["Publisher", "BROKER_WAIT", "MAYBE_ARRIVED"]
+
+logger = logging.getLogger(__name__)
+
+#: Longest a leader waits inside kombu's retry policy for the broker per pass
+#: (bounded by beat's max interval), so beat's loop still turns while it is down.
+BROKER_WAIT = 5.0
+#: What the log says of a publish that got no answer.
+MAYBE_ARRIVED = "may or may not have reached the broker"
+
+
+@dataclass
+class Publisher:
+    """The broker side of one term: see the module docstring."""
+
+    scheduler: LeaderScheduleMixin
+    epoch: int
+    #: Run-now requests, to write each one's receipt for ``zkbeat trigger``.
+    triggers: TriggerInbox | None = None
+    broker_down: bool = False
+
+    @property
+    def identity(self) -> str:
+        return self.scheduler.zk_settings.identity
+
+    def producer(self, waiting: int) -> Any:
+        """Beat's producer once kombu has (re)connected to the broker; None if it is down.
+
+        The wait runs under kombu's retry policy (zkbeat.broker), at most
+        BROKER_WAIT seconds per pass, before anything is claimed: ticks that
+        come due meanwhile stay due, unclaimed, and go out once it is back.
+        """
+        scheduler = self.scheduler
+        error = wait_for_broker(scheduler.connection, min(scheduler.max_interval, BROKER_WAIT))
+        producer = None
+        if error is None:
+            try:
+                producer = scheduler.producer
+            except Exception as exc:  # noqa: BLE001 - a broker outage must not end beat
+                error = exc
+        if error is not None:
+            if not self.broker_down:
+                logger.error(
+                    "zkbeat: broker unreachable (%r); %d due ticks wait, unclaimed, while kombu reconnects (%s)",
+                    error,
+                    waiting,
+                    self.identity,
+                )
+            self.broker_down = True
+            forget_broker(scheduler)
+            return None
+        if self.broker_down:
+            logger.info("zkbeat: broker reachable again; publishing what came due (%s)", self.identity)
+            self.broker_down = False
+        return producer
+
+    def publish(
+        self, entry: beat.ScheduleEntry, slot: datetime, producer: Any, request: TriggerRequest | None = None
+    ) -> bool:
+        """Send one claimed tick. False only when the broker was unreachable and nothing was sent.
+
+        Then the caller withdraws the claim and the tick stays due. A publish
+        that failed while waiting for the broker's answer may have arrived:
+        it counts as sent and is never sent again (at most once; the log
+        names it). A message the broker can never take (a queue that does
+        not exist, arguments that do not serialise, a refusal) is logged and
+        the tick counts as run, as celery beat itself does: trying it again
+        every second would fail the same way forever, and must not hold back
+        the rest.
+        """
+        scheduler = self.scheduler
+        slot_text = slot.isoformat()
+        manual = request.name if request is not None else None
+        logger.info(
+            "Scheduler: Sending %s task %s (%s) slot %s epoch %s",
+            f"triggered ({manual} by {request.by})" if request is not None else "due",
+            entry.name,
+            entry.task,
+            slot_text,
+            self.epoch,
+        )
+        try:
+            sending = copy.copy(entry)
+            options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
+            sending.options = guard_retries(options, producer.connection)
+            scheduler.apply_async(sending, producer=producer, advance=False)
+        except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
+            scheduler.metrics.publish_error()
+            if may_have_arrived(exc, scheduler.__dict__.get("connection")):
+                logger.error(
+                    "zkbeat: the publish of %s (slot %s, task id %s) got no answer (%r): it %s, and is not "
+                    "sent again (at most once); look for that task id in the queue or the worker's log",
+                    entry.name,
+                    slot_text,
+                    options["task_id"],
+                    exc,
+                    MAYBE_ARRIVED,
+                )
+                self.broker_down = True
+                forget_broker(scheduler)
+                self.receipt(entry, request, uncertain=True)
+                return True
+            if is_broker_error(exc, scheduler.__dict__.get("connection")):
+                logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
+                self.broker_down = True
+                forget_broker(scheduler)
+                return False
+            logger.error(
+                "zkbeat: %s (slot %s) cannot be sent and is dropped, as celery beat would: %r",
+                entry.name,
+                slot_text,
+                exc,
+            )
+            return True
+        scheduler.metrics.published()
+        self.receipt(entry, request)
+        return True
+
+    def receipt(self, entry: beat.ScheduleEntry, request: TriggerRequest | None, uncertain: bool = False) -> None:
+        """Tell a waiting ``zkbeat trigger`` that its run went out (or got no answer)."""
+        if request is None or self.triggers is None:
+            return
+        task_id = manual_task_id(self.scheduler.zk_settings.root, entry.name, request.name)
+        try:
+            self.triggers.receipt(request, task_id, self.epoch, uncertain=uncertain)
+        except Exception as exc:  # noqa: BLE001 - the run is out; only the receipt is missing
+            logger.warning("zkbeat: %s was published but its receipt could not be written: %r", request.path, exc)
