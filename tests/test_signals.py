@@ -1,4 +1,5 @@
-"""hold_shutdown_signals: a SIGTERM inside the held stretch waits for its end."""
+"""hold_shutdown_signals: a SIGTERM inside the held stretch waits for its end; and celery beat's own
+SIGTERM handler, which closes the scheduler from inside the signal, cannot hang it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import signal
 import threading
 
 import pytest
+from celery import beat
 
+from tests.support.helpers import every, lead
 from zkbeat._signals import hold_shutdown_signals
 
 
@@ -60,3 +63,39 @@ def test_off_the_main_thread_it_stands_aside() -> None:
     thread.start()
     thread.join()
     assert errors == []
+
+
+def test_celery_beats_sigterm_landing_where_close_needs_a_lock_does_not_hang(make_scheduler, zk_client) -> None:
+    """celery beat's own SIGTERM handler closes the scheduler from wherever the signal interrupted the main
+    thread; landing inside the watchdog's bookkeeping (an Event's lock that close() takes too) must not hang
+    it: the handler's SystemExit unwinds first, and Service.start's ``finally`` closes."""
+    scheduler = make_scheduler({"tick": every(1)})
+    lead(scheduler)
+    candidate = scheduler.election.fence.candidate
+    service = beat.Service(app=scheduler.app)
+    service.__dict__["scheduler"] = scheduler  # the scheduler Service.start would have built
+    held = scheduler.watchdog._changed._cond  # what Event.set() holds in the main thread (watchdog.left())
+    stuck: list[bool] = []
+
+    def rescue() -> None:  # only on failure: close() waits for a lock its own thread holds
+        stuck.append(True)
+        held.release()
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    guard = threading.Timer(10, rescue)
+    try:
+        scheduler.app.Beat().install_sync_handler(service)
+        held.acquire()
+        guard.start()
+        with pytest.raises(SystemExit):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        guard.cancel()
+        if held._lock.locked() and not stuck:
+            held.release()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert not stuck, "close() hung inside celery beat's SIGTERM handler"
+    service.sync()  # what Service.start's finally does once the SystemExit reached it
+    assert scheduler.closed
+    assert zk_client.exists(candidate) is None, "the candidate was not deleted: no graceful handover"

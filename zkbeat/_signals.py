@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["hold_shutdown_signals"]
+__all__ = ["hold_shutdown_signals", "inside_shutdown_handler"]
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -73,3 +74,27 @@ def hold_shutdown_signals(
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(pending):
             signal.raise_signal(signum)
+
+
+def inside_shutdown_handler() -> bool:
+    """Whether the caller runs inside the Python handler of SIGTERM or SIGINT (on the main thread).
+
+    celery beat's handler calls the scheduler's ``close()`` right there, in
+    the middle of whatever the main thread was doing: maybe holding a lock
+    that ``close()`` needs too (a ``threading.Event``'s, set on every leader
+    pass), which would then never be released, and the process would hang
+    instead of exiting. The handler raises SystemExit once ``close()``
+    returns, and that unwinds to ``Service.start``, whose ``finally`` closes
+    again with every lock released: so ``close()`` waits for that call.
+    Python cannot say whether a handler is running; a frame of the handler
+    installed for either signal on the caller's stack is the sign.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    codes = {getattr(signal.getsignal(signum), "__code__", None) for signum in SHUTDOWN_SIGNALS} - {None}
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False

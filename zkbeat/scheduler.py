@@ -34,6 +34,7 @@ from kazoo.protocol.states import KazooState
 from kombu.utils.objects import cached_property
 
 from . import __version__
+from ._signals import inside_shutdown_handler
 from ._zookeeper import make_client
 from .broker import beat_connection
 from .clock import measure_skew
@@ -259,8 +260,14 @@ class LeaderScheduleMixin:
         """Hand leadership over first (delete the candidate), then close.
 
         Celery calls this twice on SIGTERM; the second call only repeats the
-        host scheduler's close, which is idempotent.
+        host scheduler's close, which is idempotent. The first, from inside
+        celery beat's signal handler, does nothing (see
+        zkbeat._signals.inside_shutdown_handler): the handler's SystemExit
+        reaches ``Service.start`` at once, and its ``finally`` closes.
         """
+        if inside_shutdown_handler():
+            logger.debug("zkbeat: shutdown signal: closing once beat's loop has unwound")
+            return
         if not self._closed:
             self._closed = True
             if self.term is not None:

@@ -562,10 +562,11 @@ class Term:
         known = self.known.get(entry.name, _Known(ABSENT))
         if known.state is not None and known.state.paused is not None:
             # Nothing to write: a check that the pause still holds (a resume conflicts).
-            next_entry = self.scheduler.reserve(entry)
-            next_entry.total_run_count = entry.total_run_count
+            # The entry is not advanced (no reserve()): it stays at the ledger's last
+            # run, so after the resume what it missed follows its catch-up policy,
+            # on this leader as on any other, and a database row records no run.
             claim = Claim(entry.name, known.state, known.version, check_only=True)
-            return _Tick(due, next_entry, slot, True, claim, known.state, paused=known.state.paused)
+            return _Tick(due, entry, slot, True, claim, known.state, paused=known.state.paused)
         previous = known.state or EntryState(
             last_run_at=maybe_make_aware(entry.last_run_at),
             total_run_count=entry.total_run_count,

@@ -9,6 +9,9 @@ clock, the same clock that wrote the claim), the entry's next published slot
 can be no later than ``a.at + interval``. A later one means a tick was
 claimed in between and never sent: skipped (then a log line says so) or lost.
 
+A run-now (``zkbeat trigger``, header ``zkbeat-manual``) is not a tick: it is
+left out of the schedule's accounting and counted on its own, once per request.
+
 A tick that came due during an outage is published once, late, when a leader
 can publish again (Celery's catch-up-once rule): that shows as lateness
 (``at - slot``), reported as "late", not as a loss.
@@ -69,10 +72,13 @@ class Report:
     lost: list[Lost]
     unpublished_claims: list[tuple[str, datetime]]
     leaders: list[Lease] = field(default_factory=list)
+    #: Run-now publishes, and the requests among them published more than once.
+    manual: int = 0
+    manual_twice: list[str] = field(default_factory=list)
 
     @property
     def twice(self) -> int:
-        return len(self.duplicates) + len(self.repeats)
+        return len(self.duplicates) + len(self.repeats) + len(self.manual_twice)
 
     @property
     def lost_unexplained(self) -> list[Lost]:
@@ -88,6 +94,7 @@ class Report:
             "|---|---|",
             f"| ticks published | {self.published} ({self.entries} entries) |",
             f"| ticks published twice | {self.twice} |",
+            f"| run-now requests published | {self.manual} |",
             f"| ticks lost (unexplained) | {sum(g.ticks for g in self.lost_unexplained)} |",
             f"| ticks lost in flight to kill -9 (at-most-once, documented) | "
             f"{sum(g.ticks for g in self.lost if g.killed_in_flight)} |",
@@ -118,6 +125,8 @@ class Report:
             parts.append(f"twice: {self.duplicates[:limit]}")
         if self.repeats:
             parts.append(f"repeated under another slot: {self.repeats[:limit]}")
+        if self.manual_twice:
+            parts.append(f"run-now requests published twice: {self.manual_twice[:limit]}")
         if self.lost:
             parts.append(f"lost: {self.lost[:limit]}")
         if self.unpublished_claims:
@@ -150,6 +159,8 @@ def account(
     the (pid, time) of each kill -9, so a tick lost in flight in a killed
     leader is told apart from an unexplained loss.
     """
+    requests = Counter(p.manual for p in publishes if p.manual is not None)
+    publishes = [p for p in publishes if p.manual is None]
     counts = Counter((p.entry, p.slot) for p in publishes)
     duplicates = sorted(key for key, n in counts.items() if n > 1)
     repeats = []
@@ -200,6 +211,8 @@ def account(
         lost=lost,
         unpublished_claims=unpublished,
         leaders=leases(publishes),
+        manual=sum(requests.values()),
+        manual_twice=sorted(request for request, n in requests.items() if n > 1),
     )
 
 

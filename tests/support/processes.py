@@ -37,6 +37,8 @@ class Publish:
     identity: str
     at: float
     task_id: str
+    #: The trigger request of a run-now (header zkbeat-manual); None for a scheduled tick.
+    manual: str | None = None
 
 
 def record_publishes(url: str, key: str, identity: str | None) -> None:
@@ -71,7 +73,14 @@ def read_publishes(client: redis.Redis, key: str) -> list[Publish]:
     rows = [json.loads(raw) for raw in client.lrange(key, 0, -1)]
     return [
         Publish(
-            r["entry"], datetime.fromisoformat(r["slot"]), r["epoch"], r["pid"], r["identity"], r["at"], r["task_id"]
+            r["entry"],
+            datetime.fromisoformat(r["slot"]),
+            r["epoch"],
+            r["pid"],
+            r["identity"],
+            r["at"],
+            r["task_id"],
+            r.get("manual"),
         )
         for r in rows
     ]
