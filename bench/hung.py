@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import time
 
-from bench.cluster import REDBEAT_TUNED, ZKBEAT, Flavour, wait_for
+from bench.cluster import REDBEAT_TUNED, ZKBEAT, Flavour
 from bench.context import Bench, first_publish_by_other, wait_leader_publishing, wait_settled, wait_started
 from bench.stats import Row, Sample
+from tests.support.helpers import wait_for
 from tests.support.proxy import TcpProxy
 
 ENTRIES = [{"name": "tick", "every": 1}]

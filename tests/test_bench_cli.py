@@ -1,0 +1,34 @@
+"""`make bench` at least starts: every scenario module imports and the command parses its options.
+
+The bench runs for twenty minutes and is never part of `make test`; this
+keeps a refactor of the test helpers it shares from breaking it unseen.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_bench_module_imports() -> None:
+    """Each module of bench/ imports (its own run needs the BENCH_* environment and is left out)."""
+    names = [info.name for info in pkgutil.iter_modules(bench.__path__) if info.name != "app"]
+    assert {"crash", "hung", "burst", "handover"} <= set(names)
+    for name in names:
+        importlib.import_module(f"bench.{name}")
+
+
+def test_python_m_bench_help_lists_every_scenario() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for scenario in ("burst", "crash", "handover", "hung", "punctuality", "steady", "swarm"):
+        assert scenario in done.stdout
