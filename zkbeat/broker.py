@@ -110,9 +110,18 @@ class PublishUncertainError(Exception):
 #: Where a publish hands the message over: kombu's virtual transports (Redis)
 #: and py-amqp, with and without confirms.
 _PUBLISH_FRAMES = frozenset({"basic_publish", "_basic_publish", "basic_publish_confirm", "_put"})
-#: Waiting for the broker's answer to what was written: redis-py's reply
-#: parsing, py-amqp's frame reading (a confirm).
-_ANSWER_FRAMES = frozenset({"parse_response", "read_response", "wait", "drain_events", "read_frame"})
+#: Waiting for the broker's answer to what was written: redis-py's reply to
+#: the command (``parse_response``), py-amqp's wait for a publisher confirm
+#: (``wait``, called by ``basic_publish_confirm`` itself; the ``wait`` of the
+#: ``confirm_select`` it sends first on a new channel is no answer to the
+#: message). Not redis-py's PING health check or handshake, which read
+#: replies before the command is written, nor the ``drain_events`` that
+#: py-amqp's ``_basic_publish`` runs before it writes (it sees a link that
+#: RabbitMQ closed or reset while beat was idle).
+_ANSWER_FRAMES = frozenset({"parse_response", "wait"})
+#: Connection errors that are the broker's answer, not its silence: Redis's
+#: ``-LOADING`` (after a restart, until its data is loaded) says the command did not run.
+_ANSWER_ERRORS = frozenset({("redis.exceptions", "BusyLoadingError")})
 #: (Re)connecting, which sends no message: redis-py's pool and handshake, py-amqp's connect.
 _CONNECT_FRAMES = frozenset({"get_connection", "connect", "_connect", "connect_check_health", "on_connect"})
 
@@ -132,30 +141,36 @@ def may_have_arrived(exc: BaseException, connection: Any) -> bool:
     for current in _chain(exc):
         if isinstance(current, PublishUncertainError):
             return True
-        if not _is_unreachable(current, kinds):
+        if not _is_unreachable(current, kinds) or _is_answer(current):
             continue
         names = [frame.f_code.co_name for frame, _ in traceback.walk_tb(current.__traceback__)]
         publishing = [i for i, name in enumerate(names) if name in _PUBLISH_FRAMES]
         if not publishing:
             continue
         below = names[publishing[-1] + 1 :]
-        waiting = [i for i, name in enumerate(below) if name in _ANSWER_FRAMES]
+        # py-amqp's confirm wait is the publish frame's own call; a wait further
+        # down is another request's (confirm_select on a new channel).
+        waiting = [i for i, name in enumerate(below) if name in _ANSWER_FRAMES and (name != "wait" or i == 0)]
         connecting = [i for i, name in enumerate(below) if name in _CONNECT_FRAMES]
         if waiting and not (connecting and connecting[0] < waiting[0]):
             return True
     return False
 
 
-def guard_retries(options: dict[str, Any], connection: Any) -> dict[str, Any]:
+def guard_retries(
+    options: dict[str, Any], connection: Any, default_policy: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``options`` with a retry policy whose errback stops kombu from sending again what may have arrived.
 
     kombu's publish retry (on by default in Celery) reconnects and sends
     again after any connection error, a lost answer included. The errback
     runs before each retry; raising there ends the retries. A publish that
-    failed before it was sent is still retried as the user's policy says.
+    failed before it was sent is still retried as the user's policy says,
+    and the user's errback (the entry's, else ``task_publish_retry_policy``'s,
+    ``default_policy``: Celery lets the entry's errback replace it) still runs.
     """
     policy = dict(options.get("retry_policy") or {})
-    theirs = policy.get("errback")
+    theirs = policy.get("errback") or (default_policy or {}).get("errback")
 
     def errback(exc: BaseException, interval: float) -> None:
         if may_have_arrived(exc, connection):
@@ -204,6 +219,10 @@ def _unreachable_kinds(connection: Any) -> tuple[type[BaseException], ...]:
     return (ConnectionError, TimeoutError, socket.gaierror, socket.herror, *own)
 
 
+def _is_answer(exc: BaseException) -> bool:
+    return any((kind.__module__, kind.__name__) in _ANSWER_ERRORS for kind in type(exc).__mro__)
+
+
 def _is_unreachable(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
     if isinstance(exc, kinds):
         return True
@@ -213,8 +232,12 @@ def _is_unreachable(exc: BaseException, kinds: tuple[type[BaseException], ...]) 
 def beat_connection(app: Any) -> Any:
     """Beat's broker connection: the app's, plus PUBLISH_TIMEOUTS on Redis where the user set none.
 
-    Only beat's own connection gets them; the app's configuration (and so a
-    worker in the same process) is left as the user wrote it.
+    On Redis ``retry_on_timeout`` is turned off for beat's connection (with
+    a warning): redis-py would send an LPUSH whose reply timed out again by
+    itself, below kombu and zkbeat, so a reply that was only slow would put
+    the tick in the queue twice. Only beat's own connection is changed; the
+    app's configuration (and so a worker in the same process) is left as
+    the user wrote it.
     """
     connection = app.connection_for_write()
     try:
@@ -222,11 +245,23 @@ def beat_connection(app: Any) -> Any:
     except Exception:  # noqa: BLE001 - an unknown transport: leave it alone
         return connection
     given = app.conf.broker_transport_options or {}
-    extra = {name: value for name, value in PUBLISH_TIMEOUTS.items() if given.get(name) is None}
+    extra: dict[str, Any] = {name: value for name, value in PUBLISH_TIMEOUTS.items() if given.get(name) is None}
+    if is_redis and given.get("retry_on_timeout"):
+        if not _warned:
+            _warned.add("retry_on_timeout")
+            logger.warning(
+                "zkbeat: beat's own Redis connection does not use retry_on_timeout: redis-py would send a "
+                "publish whose reply timed out again, and a slow reply would queue that tick twice"
+            )
+        extra["retry_on_timeout"] = False
     if not is_redis or not extra:
         return connection
     connection.release()
     return app.connection_for_write(transport_options=extra)
+
+
+#: Settings of the user's that beat_connection has warned about (once per process).
+_warned: set[str] = set()
 
 
 def forget(scheduler: Any) -> None:

@@ -110,7 +110,7 @@ class Publisher:
         try:
             sending = copy.copy(entry)
             options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
-            sending.options = guard_retries(options, producer.connection)
+            sending.options = guard_retries(options, producer.connection, scheduler.app.conf.task_publish_retry_policy)
             scheduler.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
             scheduler.metrics.publish_error()
