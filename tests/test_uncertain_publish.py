@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import threading
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -29,6 +32,7 @@ from tests.support.brokers import RabbitBroker
 from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer
+from tests.test_cli import zkbeat
 from tests.test_rabbitmq import CONFIRMS, HAS_CONFIRM_TIMEOUT, drain
 
 MAYBE = "may or may not have reached the broker"
@@ -150,3 +154,32 @@ def test_a_publish_refused_before_it_was_sent_stays_due_and_goes_out_once(
     sent = [h["zkbeat-slot"] for h in published.headers if h["zkbeat-entry"] == "tidy"]
     assert len(sent) == len(set(sent))
     assert set(sent) <= set(queued) <= set(sent) | set(uncertain_slots(caplog, "tidy"))
+
+
+def test_a_run_now_without_an_answer_exits_3_and_is_not_run_again(
+    make_scheduler, lossy: LossyBroker, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`zkbeat trigger` on a link that loses answers: exit 3 (not 1, "still pending"), the run queued once."""
+    # Due at once (a last run long ago), then not for an hour: only the run now goes out meanwhile.
+    report = every(3600, options=lossy.options, last_run_at=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    scheduler = make_scheduler({"report": report}, broker_url=lossy.url, **lossy.conf)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("report") >= 1, timeout=15)
+    lossy.proxy.lose_replies()
+    done: list[subprocess.CompletedProcess] = []
+    where = ["--hosts", scheduler.zk_settings.hosts, "--root", scheduler.zk_settings.root]
+    asking = threading.Thread(target=lambda: done.append(zkbeat(*where, "trigger", "report", "--json")))
+    asking.start()
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(
+            lambda: scheduler.tick() is not None and not asking.is_alive(), timeout=60, message=lambda: caplog.text
+        )
+    (result,) = done
+    assert result.returncode == 3, (result.returncode, result.stdout, result.stderr)
+    assert json.loads(result.stdout)["uncertain"] is True
+    assert "never answered" in result.stderr
+    lossy.proxy.heal()
+    for _ in range(5):
+        scheduler.tick()
+    manual = [s for s in lossy.queued() if s not in {h["zkbeat-slot"] for h in published.headers}]
+    assert len(manual) == 1, f"the run now is in the queue once: {lossy.queued()}"

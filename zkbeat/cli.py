@@ -62,6 +62,10 @@ class Target:
         return entries
 
 
+#: ``zkbeat trigger``: the run was sent and the broker never answered (see docs/operating.md).
+UNCERTAIN_EXIT = 3
+
+
 def _fail(code: int, message: str) -> NoReturn:
     click.echo(f"zkbeat: {message}", err=True)
     sys.exit(code)
@@ -461,11 +465,15 @@ def trigger(ctx: click.Context, entry: str, no_wait: bool, wait_timeout: float, 
     data = {"entry": entry, "request": name, "published": receipt, "seconds": round(waited, 3)}
     task = f"task {receipt.get('task_id', '?')}, epoch {receipt.get('epoch', '?')}"
     if receipt.get("uncertain"):
+        # Its own code: unlike a timeout (1, the request stays and still runs),
+        # this run is over; asking again would be a second run.
+        if as_json:
+            _report(True, {**data, "uncertain": True}, "")
         _fail(
-            1,
+            UNCERTAIN_EXIT,
             _printable(
                 f"{entry} ({name}) was sent as {task} but the broker never answered: it may or may not have "
-                "arrived, and is not sent again; look for that task id in the worker's log"
+                "arrived, and is not sent again; look for that task id in the worker's log before asking again"
             ),
         )
     _report(as_json, data, f"published {entry} ({name}) as {task}, {waited * 1000:.0f} ms after the request")
