@@ -189,3 +189,32 @@ def test_slot_is_the_moment_celery_next_calls_the_tick_due(night: str) -> None:
                 wrong.append(f"{name} after {wall(last_run)}: due at {wall(clock.utc)}, slot {wall(slot)}")
             last_run = clock()
     assert not wrong, f"{night}: " + "; ".join(wrong)
+
+
+PYTZ_WALLS = [
+    # (zone, a time before the change, hours on the wall clock after it)
+    ("America/New_York", datetime(2024, 3, 10, 0, 30), [1, 1.5, 2, 2.5, 3, 4]),
+    ("America/New_York", datetime(2024, 11, 3, 0, 30), [0.5, 1, 1.5, 2, 3]),
+    ("Europe/London", datetime(2024, 3, 31, 0, 15), [0.5, 0.75, 1, 1.25, 2]),
+    ("Australia/Lord_Howe", datetime(2024, 10, 6, 1, 0), [0.75, 1, 1.25, 2]),  # a 30-minute jump
+]
+
+
+@pytest.mark.parametrize(("zone", "start", "hours"), PYTZ_WALLS, ids=[f"{z} {s:%m-%d}" for z, s, _ in PYTZ_WALLS])
+def test_the_first_instant_of_a_wall_time_is_the_same_with_pytz_and_zoneinfo(zone, start, hours) -> None:
+    """django-celery-beat on Django 4.2 can hand Celery pytz zones: slots must not depend on the tz library.
+
+    On Celery before 5.5 a crontab's next wall time is its zone's reading
+    plus the time left; with pytz that sum keeps the offset from before the
+    change (pytz ignores ``fold``), as Celery computes it.
+    """
+    import pytz
+
+    from zkbeat.ticks import _first_instant_at
+
+    pytz_start = pytz.timezone(zone).localize(start)
+    zoneinfo_start = start.replace(tzinfo=ZoneInfo(zone))
+    for hour in hours:
+        later = timedelta(hours=hour)
+        expected = _first_instant_at(zoneinfo_start + later)
+        assert _first_instant_at(pytz_start + later) == expected, f"{zone} {start} + {hour} h"

@@ -102,17 +102,15 @@ def _first_instant_at(wall: datetime) -> datetime:
     which is also the next hour's tick. The jump is found by bisection
     between the two readings of the skipped time, to the microsecond.
     """
-    instant = wall.replace(fold=0).astimezone(timezone.utc)  # a repeated time: its first reading
     naive = wall.replace(tzinfo=None)
     zone = wall.tzinfo
 
     def reads_past(moment: datetime) -> bool:
         return moment.astimezone(zone).replace(tzinfo=None) >= naive
 
-    # fold=1 reads a skipped time with the offset after the jump: an instant before the jump.
-    before = wall.replace(fold=1).astimezone(timezone.utc)
+    before, instant = _readings(wall)
     if reads_past(before) or not reads_past(instant):
-        return instant  # a time that exists (the first of two, when the clock repeats it)
+        return before  # a time that exists (the first of two, when the clock repeats it)
     while instant - before > timedelta(microseconds=1):
         middle = before + (instant - before) // 2
         if reads_past(middle):
@@ -120,6 +118,24 @@ def _first_instant_at(wall: datetime) -> datetime:
         else:
             before = middle
     return instant
+
+
+def _readings(wall: datetime) -> tuple[datetime, datetime]:
+    """The earliest and latest UTC instants ``wall``'s clock reading can name (equal unless DST is changing).
+
+    PEP 495 zones (zoneinfo, dateutil) give the two by ``fold``. pytz
+    ignores ``fold`` and gives each offset a tzinfo of its own (aware
+    arithmetic keeps the one before a change): its ``localize`` with
+    ``is_dst`` gives them, as django-celery-beat's pytz zones need.
+    """
+    naive = wall.replace(tzinfo=None)
+    localize = getattr(wall.tzinfo, "localize", None)
+    if callable(localize):
+        both = [localize(naive, is_dst=is_dst) for is_dst in (True, False)]
+    else:
+        both = [wall.replace(fold=fold) for fold in (0, 1)]
+    first, second = sorted(moment.astimezone(timezone.utc) for moment in both)
+    return first, second
 
 
 def task_id_for(root: str, name: str, slot: datetime) -> str:
