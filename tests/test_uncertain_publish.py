@@ -31,8 +31,9 @@ import redis
 from tests.support.brokers import RabbitBroker
 from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.proxy import TcpProxy
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, free_port
 from tests.test_cli import zkbeat
+from tests.test_metrics import metric
 from tests.test_rabbitmq import CONFIRMS, HAS_CONFIRM_TIMEOUT, drain
 
 MAYBE = "may or may not have reached the broker"
@@ -102,7 +103,13 @@ def test_a_publish_whose_reply_is_lost_is_in_the_queue_once_and_never_sent_again
     make_scheduler, lossy: LossyBroker, published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The message lands, its answer is lost: the tick counts as sent, logged, and appears once in the queue."""
-    scheduler = make_scheduler({"tidy": every(0.5, options=lossy.options)}, broker_url=lossy.url, **lossy.conf)
+    scheduler = make_scheduler(
+        {"tidy": every(0.5, options=lossy.options)},
+        broker_url=lossy.url,
+        zkbeat_metrics_port=free_port(),
+        zkbeat_metrics_address="127.0.0.1",
+        **lossy.conf,
+    )
     lead(scheduler)
     wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= 2, timeout=15)
     with caplog.at_level(logging.INFO, logger="zkbeat"):
@@ -127,6 +134,9 @@ def test_a_publish_whose_reply_is_lost_is_in_the_queue_once_and_never_sent_again
     assert set(queued) == sent | {uncertain}, "every other tick went out, once"
     assert "written back" not in caplog.text
     assert scheduler.election.is_leader
+    exported = scheduler.metrics.render().decode()
+    assert "zkbeat_publishes_uncertain_total" in exported
+    assert metric(exported, "zkbeat_publishes_uncertain_total") == 1
 
 
 def test_a_publish_refused_before_it_was_sent_stays_due_and_goes_out_once(

@@ -67,6 +67,10 @@ class Metrics:
         if self._prom:
             self._prom["publish_errors"].inc()
 
+    def publish_uncertain(self) -> None:
+        if self._prom:
+            self._prom["publishes_uncertain"].inc()
+
     def ledger_loaded(self, seconds: float) -> None:
         if self._prom:
             self._prom["ledger_load"].set(seconds)
@@ -140,7 +144,13 @@ def _prometheus_metrics(settings: Settings) -> dict[str, Any]:
         "changes": counter("zkbeat_leadership_changes", "Times this replica became or stopped being leader"),
         "claims": counter("zkbeat_claims", "Ledger claims by result (committed, conflicted, fenced)", ("result",)),
         "publishes": counter("zkbeat_publishes", "Ticks published to the broker"),
-        "publish_errors": counter("zkbeat_publish_errors", "Claimed ticks the broker refused"),
+        "publish_errors": counter(
+            "zkbeat_publish_errors", "Claimed ticks the broker refused or could not be reached for"
+        ),
+        "publishes_uncertain": counter(
+            "zkbeat_publishes_uncertain",
+            "Ticks sent that the broker never answered: they may not have arrived, and are not sent again",
+        ),
         "state": gauge("zkbeat_zookeeper_state", "1 for the current ZooKeeper connection state", ("state",)),
         "ledger_load": gauge("zkbeat_ledger_load_seconds", "Time the last ledger load on takeover took"),
     }

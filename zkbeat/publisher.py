@@ -113,8 +113,8 @@ class Publisher:
             sending.options = guard_retries(options, producer.connection, scheduler.app.conf.task_publish_retry_policy)
             scheduler.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
-            scheduler.metrics.publish_error()
             if may_have_arrived(exc, scheduler.__dict__.get("connection")):
+                scheduler.metrics.publish_uncertain()
                 logger.error(
                     "zkbeat: the publish of %s (slot %s, task id %s) got no answer (%r): it %s, and is not "
                     "sent again (at most once); look for that task id in the queue or the worker's log",
@@ -128,6 +128,7 @@ class Publisher:
                 forget_broker(scheduler)
                 self.receipt(entry, request, uncertain=True)
                 return True
+            scheduler.metrics.publish_error()
             if is_broker_error(exc, scheduler.__dict__.get("connection")):
                 logger.error("zkbeat: could not publish %s (slot %s): %r", entry.name, slot_text, exc)
                 self.broker_down = True
