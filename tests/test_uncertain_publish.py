@@ -193,3 +193,19 @@ def test_a_run_now_without_an_answer_exits_3_and_is_not_run_again(
         scheduler.tick()
     manual = [s for s in lossy.queued() if s not in {h["zkbeat-slot"] for h in published.headers}]
     assert len(manual) == 1, f"the run now is in the queue once: {lossy.queued()}"
+
+
+def test_confirm_timeout_on_a_celery_that_ignores_it_is_warned_once(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery < 5.5 drops confirm_timeout: the entry still runs, and the log says once what bounds its wait."""
+    from zkbeat import publisher
+
+    monkeypatch.setattr(publisher, "HAS_CONFIRM_TIMEOUT", False)  # as on Celery 5.3 and 5.4
+    monkeypatch.setattr(publisher, "_warned_confirm_timeout", set())
+    scheduler = make_scheduler({"tidy": every(0.2, options={"confirm_timeout": 5})})
+    lead(scheduler)
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= 3, timeout=15)
+    warnings = [r.getMessage() for r in caplog.records if "confirm_timeout" in r.getMessage()]
+    assert len(warnings) == 1 and "tidy" in warnings[0] and "zkbeat_stall_timeout" in warnings[0]

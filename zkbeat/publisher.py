@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import celery
 from celery import beat
 
 from .broker import forget as forget_broker
@@ -35,6 +36,23 @@ logger = logging.getLogger(__name__)
 BROKER_WAIT = 5.0
 #: What the log says of a publish that got no answer.
 MAYBE_ARRIVED = "may or may not have reached the broker"
+
+
+#: Celery and kombu pass a message's ``confirm_timeout`` on from 5.5; before, it is ignored.
+HAS_CONFIRM_TIMEOUT = tuple(celery.VERSION[:2]) >= (5, 5)
+_warned_confirm_timeout: set[str] = set()
+
+
+def _warn_confirm_timeout(name: str) -> None:
+    if name in _warned_confirm_timeout:
+        return
+    _warned_confirm_timeout.add(name)
+    logger.warning(
+        "zkbeat: %s sets confirm_timeout, which Celery %s ignores (it takes effect from Celery 5.5): a publish "
+        "whose confirm never comes waits until zkbeat_stall_timeout steps this replica down",
+        name,
+        celery.__version__,
+    )
 
 
 @dataclass
@@ -110,6 +128,8 @@ class Publisher:
         try:
             sending = copy.copy(entry)
             options = message_options(entry, scheduler.zk_settings.root, slot, self.epoch, manual)
+            if "confirm_timeout" in options and not HAS_CONFIRM_TIMEOUT:
+                _warn_confirm_timeout(entry.name)
             sending.options = guard_retries(options, producer.connection, scheduler.app.conf.task_publish_retry_policy)
             scheduler.apply_async(sending, producer=producer, advance=False)
         except Exception as exc:  # noqa: BLE001 - a broker error must not end beat
