@@ -427,11 +427,12 @@ class LeaderScheduleMixin:
         assert self.ledger is not None
         started = time.monotonic()
         self.on_leadership_start()
-        inherited, self._pending = self._pending, []
+        inherited = {claim.name: claim for claim in self._pending}
+        self._pending = []
         try:
             self.term = Term.begin(self, fence, inherited)
         except BaseException:
-            self._pending = inherited  # nothing was settled: keep them for the next try
+            self._pending = list(inherited.values())  # what the term did not settle: kept for the next try
             raise
         self._heap = None
         self.metrics.leadership(True, fence.epoch)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -142,9 +141,16 @@ class Term:
     paused_logged: set[tuple[str, Pause]] = field(default_factory=set)
 
     @classmethod
-    def begin(cls, scheduler: LeaderScheduleMixin, fence: Fence, inherited: Iterable[PendingClaim] = ()) -> Term:
-        """A new term: load the whole ledger, settle inherited claims, merge the rest."""
-        term = cls(scheduler, fence, pending={claim.name: claim for claim in inherited})
+    def begin(
+        cls, scheduler: LeaderScheduleMixin, fence: Fence, inherited: dict[str, PendingClaim] | None = None
+    ) -> Term:
+        """A new term: load the whole ledger, settle inherited claims, merge the rest.
+
+        ``inherited`` becomes the term's own ``pending``: if the term cannot
+        begin, what it holds then is what is still unsettled (a send that a
+        signal cut short is no longer in it).
+        """
+        term = cls(scheduler, fence, pending=inherited if inherited is not None else {})
         ledger = scheduler.ledger
         term.triggers = TriggerInbox(ledger.client, scheduler.zk_settings.root)
         term.publisher.triggers = term.triggers
@@ -230,17 +236,34 @@ class Term:
         """Our unconfirmed claims committed: publish them late, or write them back if the broker is down."""
         producer = None if self.broker_down else self.publisher.producer(len(landed))
         unsent = []
+        sending: PendingClaim | None = None
         with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
-            for claim, record in landed:
-                self.known[claim.name] = _Known(record.version, record.state)
-                if producer is not None and not self.broker_down:
-                    slot = claim.slot.isoformat()
-                    logger.info("zkbeat: the claim of %s at %s had committed; publishing it now", claim.name, slot)
-                    if self.publisher.publish(claim.entry, claim.slot, producer, claim.request):
-                        del self.pending[claim.name]
-                        self._apply(claim.name, claim.state)
-                        continue
-                unsent.append(claim)
+            try:
+                for claim, record in landed:
+                    self.known[claim.name] = _Known(record.version, record.state)
+                    if producer is not None and not self.broker_down:
+                        slot = claim.slot.isoformat()
+                        logger.info("zkbeat: the claim of %s at %s had committed; publishing it now", claim.name, slot)
+                        sending = claim
+                        sent = self.publisher.publish(claim.entry, claim.slot, producer, claim.request)
+                        sending = None
+                        if sent:
+                            del self.pending[claim.name]
+                            self._apply(claim.name, claim.state)
+                            continue
+                    unsent.append(claim)
+            except BaseException:
+                if sending is not None:
+                    # As in _interrupted: it may have reached the broker, so it
+                    # is not written back (at most once); the rest stay pending.
+                    del self.pending[sending.name]
+                    logger.error(
+                        "zkbeat: the send of %s at %s was cut short; it may or may not have reached the broker, "
+                        "and is not sent again",
+                        sending.name,
+                        sending.slot.isoformat(),
+                    )
+                raise
         if unsent:
             versions = {claim.name: self.known[claim.name].version for claim in unsent}
             written = write_back(self.scheduler.ledger, unsent, self.fence.candidate, versions)

@@ -1,0 +1,68 @@
+"""A SIGTERM that cuts short the late publish of a claim that had landed: the tick is never sent twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from kazoo.exceptions import ConnectionLoss
+
+from tests.support.helpers import Published, every, lead, wait_for
+
+
+class Terminated(BaseException):  # as SystemExit: no except Exception catches it
+    pass
+
+
+def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message went out, then the signal (its hold limit past) cut the publish short: close() keeps the run."""
+    first = make_scheduler({"tidy": every(1)})
+    lead(first)
+    original_claim = first.ledger.claim
+    committed: list = []
+
+    def claim_then_lose_the_reply(claims, fence):
+        monkeypatch.setattr(first.ledger, "claim", original_claim)
+        result = original_claim(claims, fence)
+        committed.extend(c.state.slot for c in claims if c.name in result.committed)
+        raise ConnectionLoss()
+
+    monkeypatch.setattr(first.ledger, "claim", claim_then_lose_the_reply)
+    # ZooKeeper does not answer the follower's write-back either: the next term inherits the claim.
+    release = first._release_pending
+    monkeypatch.setattr(first, "_release_pending", lambda final=False: release(final) if final else None)
+    wait_for(lambda: first.tick() is not None and committed, timeout=10)
+    assert published.headers == []
+
+    # The next term settles the landed claim and publishes it late; the signal
+    # arrives once the message is out, past the hold limit, so it goes through.
+    monkeypatch.setattr("zkbeat.term.SIGNAL_HOLD_LIMIT", 0.0)
+    original_apply = first.apply_async
+
+    def apply_then_sigterm(*args, **kwargs):
+        result = original_apply(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(first, "apply_async", apply_then_sigterm)
+
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(Terminated):
+            wait_for(lambda: first.tick() is not None and False, timeout=10)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [h["zkbeat-slot"] for h in published.headers] == [committed[0].isoformat()]
+    first.close()
+
+    second = make_scheduler({"tidy": every(1)}, identity="second")
+    lead(second)
+    wait_for(lambda: second.tick() is not None and len(published.headers) >= 2, timeout=10)
+    slots = [h["zkbeat-slot"] for h in published.headers]
+    assert len(slots) == len(set(slots)), f"a tick was published twice: {slots}"
