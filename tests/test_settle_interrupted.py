@@ -66,3 +66,32 @@ def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
     wait_for(lambda: second.tick() is not None and len(published.headers) >= 2, timeout=10)
     slots = [h["zkbeat-slot"] for h in published.headers]
     assert len(slots) == len(set(slots)), f"a tick was published twice: {slots}"
+
+
+def test_a_claim_cut_short_by_a_signal_is_written_back_at_close(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim committed, the signal (its hold limit past) cut the wait for the reply: close() writes it back."""
+    first = make_scheduler({"tidy": every(1)})
+    lead(first)
+    original_claim = first.ledger.claim
+    committed: list = []
+
+    def claim_then_terminate(claims, fence):
+        monkeypatch.setattr(first.ledger, "claim", original_claim)
+        result = original_claim(claims, fence)
+        committed.extend(c.state.slot for c in claims if c.name in result.committed)
+        raise Terminated  # SIGTERM handed to beat's handler while the reply was awaited
+
+    monkeypatch.setattr(first.ledger, "claim", claim_then_terminate)
+    with pytest.raises(Terminated):
+        wait_for(lambda: first.tick() is not None and False, timeout=10)
+    assert committed and published.headers == []
+    first.close()
+
+    second = make_scheduler({"tidy": every(1)}, identity="second")
+    lead(second)
+    wait_for(lambda: second.tick() is not None and len(published.headers) >= 2, timeout=10)
+    slots = [h["zkbeat-slot"] for h in published.headers]
+    assert len(slots) == len(set(slots)), f"a tick was published twice: {slots}"
+    assert committed[0].isoformat() in slots, "the claimed tick was never published (lost without a word)"

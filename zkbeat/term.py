@@ -371,7 +371,15 @@ class Term:
         """
         unsent: list[_Tick] = []
         with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
-            result, error, uncertain = self._claim(ticks)
+            try:
+                result, error, uncertain = self._claim(ticks)
+            except BaseException:
+                # A signal past the hold limit, mid-claim: whether it committed is
+                # unknown, as after a lost reply; pending, close() settles them.
+                for tick in ticks:
+                    if not tick.skip and tick.paused is None:
+                        self.pending[tick.name] = self._pending(tick)
+                raise
             try:
                 for tick in ticks:
                     version = result.committed.get(tick.name)
