@@ -71,6 +71,7 @@ def test_celery_beats_sigterm_landing_where_close_needs_a_lock_does_not_hang(mak
     it: the handler's SystemExit unwinds first, and Service.start's ``finally`` closes."""
     scheduler = make_scheduler({"tick": every(1)})
     lead(scheduler)
+    scheduler.tick()  # beat's loop runs: the lock below is one of its passes'
     candidate = scheduler.election.fence.candidate
     service = beat.Service(app=scheduler.app)
     service.__dict__["scheduler"] = scheduler  # the scheduler Service.start would have built
@@ -99,3 +100,22 @@ def test_celery_beats_sigterm_landing_where_close_needs_a_lock_does_not_hang(mak
     service.sync()  # what Service.start's finally does once the SystemExit reached it
     assert scheduler.closed
     assert zk_client.exists(candidate) is None, "the candidate was not deleted: no graceful handover"
+
+
+def test_a_sigterm_before_beats_loop_runs_closes_at_once(make_scheduler, zk_client) -> None:
+    """Before the first tick, Service.start has no ``finally`` to close later: the handler's close() is the real one."""
+    scheduler = make_scheduler({"tick": every(1)})
+    lead(scheduler)
+    candidate = scheduler.election.fence.candidate
+    service = beat.Service(app=scheduler.app)
+    service.__dict__["scheduler"] = scheduler
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        scheduler.app.Beat().install_sync_handler(service)
+        with pytest.raises(SystemExit):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert scheduler.closed, "nothing else would close it: the SystemExit escapes Service.start before its try"
+    assert zk_client.exists(candidate) is None

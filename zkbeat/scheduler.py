@@ -110,6 +110,8 @@ class LeaderScheduleMixin:
         #: Claims of an ended term whose commit was never confirmed (see zkbeat.term).
         self._pending: list[PendingClaim] = []
         self._closed = False
+        #: beat's loop has called tick() (see close()).
+        self._ticked = False
         self._refused_until = 0.0
         self._failures = 0
         #: Entries whose schedule raised, with the error last logged for each.
@@ -265,7 +267,9 @@ class LeaderScheduleMixin:
         zkbeat._signals.inside_shutdown_handler): the handler's SystemExit
         reaches ``Service.start`` at once, and its ``finally`` closes.
         """
-        if inside_shutdown_handler():
+        if getattr(self, "_ticked", False) and inside_shutdown_handler():
+            # Only once beat's loop runs: before it, Service.start has no
+            # ``finally`` around it yet, and nothing of ours holds a lock.
             logger.debug("zkbeat: shutdown signal: closing once beat's loop has unwound")
             return
         if not self._closed:
@@ -325,6 +329,7 @@ class LeaderScheduleMixin:
         ``zkbeat.term.SIGNAL_HOLD_LIMIT``; the watchdog steps a hung leader
         down after ``zkbeat_stall_timeout``).
         """
+        self._ticked = True
         election = self.election
         if election is None or self._closed:
             return self.max_interval
