@@ -119,3 +119,35 @@ def test_a_sigterm_before_beats_loop_runs_closes_at_once(make_scheduler, zk_clie
             signal.signal(signum, handler)
     assert scheduler.closed, "nothing else would close it: the SystemExit escapes Service.start before its try"
     assert zk_client.exists(candidate) is None
+
+
+def test_a_second_sigterm_during_close_waits_until_close_is_done(
+    make_scheduler, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second signal (a double Ctrl-C) while close() runs goes through only once it is done."""
+    scheduler = make_scheduler({"tick": every(1)})
+    lead(scheduler)
+    scheduler.tick()
+    candidate = scheduler.election.fence.candidate
+    release = scheduler._release_pending
+
+    def signal_during_close(final: bool = False) -> None:
+        signal.raise_signal(signal.SIGTERM)  # arrives halfway through close()
+        release(final)
+
+    monkeypatch.setattr(scheduler, "_release_pending", signal_during_close)
+
+    class Terminated(BaseException):
+        pass
+
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(Terminated):
+            scheduler.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert zk_client.exists(candidate) is None, "close() was cut short: the candidate was left behind"
+    assert scheduler.zk_client is None or not scheduler.zk_client.connected

@@ -34,7 +34,7 @@ from kazoo.protocol.states import KazooState
 from kombu.utils.objects import cached_property
 
 from . import __version__
-from ._signals import inside_shutdown_handler
+from ._signals import hold_shutdown_signals, inside_shutdown_handler
 from ._zookeeper import make_client
 from .broker import beat_connection
 from .clock import measure_skew
@@ -47,7 +47,7 @@ from .liveness import Beacon, Watcher, local_address
 from .metrics import Metrics
 from .peers import LAYOUT, PeerCheck, schedule_hash
 from .pending import PendingClaim, release
-from .term import RETRY_DELAY, Due, Requeue, Term
+from .term import RETRY_DELAY, SIGNAL_HOLD_LIMIT, Due, Requeue, Term
 from .ticks import task_id_for, tick_slot
 from .watchdog import Watchdog
 
@@ -274,24 +274,33 @@ class LeaderScheduleMixin:
             return
         if not self._closed:
             self._closed = True
-            if self.term is not None:
-                self._end_term("shutting down")
-            self._release_pending(final=True)
-            for part in (self.watchdog, self.watcher):
-                if part is not None:
-                    part.close()
-            if self.election is not None:
-                self.election.close()
-            if self.beacon is not None:
-                self.beacon.close()  # after the candidate is gone: nobody needs to delete it
-            self.metrics.close()
-            if self.zk_client is not None:
-                try:
-                    self.zk_client.stop()
-                    self.zk_client.close()
-                except Exception:  # noqa: BLE001 - shutdown must finish
-                    logger.debug("zkbeat: error stopping the ZooKeeper client", exc_info=True)
+            # A second SIGTERM or Ctrl-C would raise SystemExit halfway through
+            # (claims not written back, the candidate left): held until the end,
+            # at most SIGNAL_HOLD_LIMIT, so that a close() that hangs can be cut.
+            with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
+                self._shut_down()
+                super().close()
+            return
         super().close()
+
+    def _shut_down(self) -> None:
+        if self.term is not None:
+            self._end_term("shutting down")
+        self._release_pending(final=True)
+        for part in (self.watchdog, self.watcher):
+            if part is not None:
+                part.close()
+        if self.election is not None:
+            self.election.close()
+        if self.beacon is not None:
+            self.beacon.close()  # after the candidate is gone: nobody needs to delete it
+        self.metrics.close()
+        if self.zk_client is not None:
+            try:
+                self.zk_client.stop()
+                self.zk_client.close()
+            except Exception:  # noqa: BLE001 - shutdown must finish
+                logger.debug("zkbeat: error stopping the ZooKeeper client", exc_info=True)
 
     @property
     def info(self) -> str:
