@@ -475,6 +475,11 @@ class Term:
             return True
         self.scheduler.schedule[tick.name] = tick.next_entry
         delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
+        if tick.paused is not None:
+            # Checked again within beat's max interval, not at its next run
+            # (tomorrow, for a daily entry): a resume takes effect on this
+            # leader as soon as it would on a new one.
+            delay = min(delay, self.scheduler.max_interval)
         requeue.append(Requeue(tick.next_entry, tick.due.priority, delay))
         return True
 
