@@ -290,3 +290,15 @@ def test_a_one_off_re_armed_or_re_created_by_an_operator_runs_again(make_schedul
     one_off_task("launch")
     pump(second, lambda: published.count("launch") == 3)
     assert len({slot for _, slot, _ in published.of("launch")}) == 3
+
+
+def test_a_leader_that_stops_writes_its_last_run_times_to_the_rows(make_scheduler, published: Published) -> None:
+    """close() while leading syncs the rows first (django-celery-beat's own close does): none is left behind."""
+    interval_task("report", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3)
+    ledger = scheduler.ledger.load(["report"])["report"].state
+    scheduler.close()
+    assert row("report").total_run_count == ledger.total_run_count
+    assert row("report").last_run_at >= ledger.last_run_at

@@ -273,11 +273,16 @@ class LeaderScheduleMixin:
             logger.debug("zkbeat: shutdown signal: closing once beat's loop has unwound")
             return
         if not self._closed:
-            self._closed = True
             # A second SIGTERM or Ctrl-C would raise SystemExit halfway through
             # (claims not written back, the candidate left): held until the end,
             # at most SIGNAL_HOLD_LIMIT, so that a close() that hangs can be cut.
             with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
+                if self.leading:
+                    try:
+                        self.sync()  # still leading: a host's own record (database rows) is written
+                    except Exception:  # noqa: BLE001 - the ledger holds the runs; shutdown must finish
+                        logger.warning("zkbeat: could not sync the schedule at shutdown", exc_info=True)
+                self._closed = True
                 self._shut_down()
                 super().close()
             return
