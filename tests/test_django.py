@@ -302,3 +302,22 @@ def test_a_leader_that_stops_writes_its_last_run_times_to_the_rows(make_schedule
     scheduler.close()
     assert row("report").total_run_count == ledger.total_run_count
     assert row("report").last_run_at >= ledger.last_run_at
+
+
+def test_a_run_now_of_a_one_off_row_leaves_its_scheduled_run(make_scheduler, published: Published) -> None:
+    """`zkbeat trigger` on a one-off clocked a few seconds ahead: the manual run goes out, and so does its own."""
+    from django.utils import timezone
+
+    from zkbeat import controls
+
+    interval_task("canary", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("canary") >= 2)
+    one_off_task("launch", at=timezone.now() + timedelta(seconds=4))
+    pump(scheduler, lambda: published.count("canary") >= 3)  # the leader has read the new row
+    controls.request_trigger(scheduler.ledger.client, scheduler.zk_settings.root, "launch", "ops", scheduled=True)
+    pump(scheduler, lambda: published.count("launch") == 1)
+    pump(scheduler, lambda: published.count("launch") == 2, timeout=20, message="the one-off's own run never came")
+    manual, scheduled = [h for h in published.headers if h["zkbeat-entry"] == "launch"]
+    assert manual.get("zkbeat-manual") and not scheduled.get("zkbeat-manual")

@@ -471,8 +471,7 @@ class Term:
                 return False
         tick.settled = True
         if tick.request is not None:
-            entry.total_run_count = tick.claim.state.total_run_count  # a run-now leaves the schedule alone
-            return True
+            return True  # a run-now leaves the schedule alone, its run count included
         self.scheduler.schedule[tick.name] = tick.next_entry
         delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
         if tick.paused is not None:
@@ -545,8 +544,9 @@ class Term:
                 epoch=self.epoch,
                 updated_at=now,
             )
-            runs = previous.total_run_count + 1
-            state = replace(previous, total_run_count=runs, epoch=self.epoch, updated_at=now, manual=request.name)
+            # Not counted among the entry's runs: the count is schedule state (a
+            # django-celery-beat one-off whose count is above 0 is done).
+            state = replace(previous, epoch=self.epoch, updated_at=now, manual=request.name)
             claim = Claim(entry.name, state, known.version, consume=request.path)
             ticks.append(_Tick(Due(entry, 0, 0), entry, request.at, False, claim, previous, request=request))
         if not ticks:
