@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -40,17 +39,7 @@ from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer
 from tests.test_rabbitmq import drain
-
-MAYBE = "may or may not have reached the broker"
-
-
-def uncertain_slots(caplog: pytest.LogCaptureFixture, entry: str) -> list[str]:
-    found = []
-    for record in caplog.records:
-        text = record.getMessage()
-        if MAYBE in text and f" {entry} " in text:
-            found += re.findall(r"\(slot ([^,)]+)", text)
-    return found
+from tests.test_uncertain_publish import MAYBE, uncertain_slots
 
 
 def run_count(scheduler: Any, entry: str) -> int:
