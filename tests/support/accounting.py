@@ -31,10 +31,12 @@ from kazoo.client import KazooClient
 from tests.support.faults import ledger_slots
 from tests.support.processes import Publish, too_close
 
-__all__ = ["Report", "Lease", "account", "accounting", "assert_clean", "logged_skips"]
+__all__ = ["Report", "Lease", "account", "accounting", "assert_clean", "logged_skips", "logged_unanswered"]
 
 #: What a skip looks like in a replica's log (zkbeat.scheduler._run_due).
 SKIP_LINE = re.compile(r"zkbeat: skipping (\S+): its tick at (\S+) is")
+#: A publish that got no answer (zkbeat.broker.may_have_arrived): not sent again, at most once.
+UNANSWERED_LINE = re.compile(r"zkbeat: the publish of (\S+) \(slot ([^,]+), task id [^)]*\) got no answer")
 #: Slack for the publish-after-claim order check, in seconds.
 TOLERANCE = 0.25
 
@@ -59,6 +61,12 @@ class Lost:
     ticks: int
     #: Set when the tick was in flight in a leader that was killed (kill -9).
     killed_in_flight: bool = False
+    #: Set when the leader logged the tick as sent without an answer from the broker.
+    unanswered: bool = False
+
+    @property
+    def explained(self) -> bool:
+        return self.killed_in_flight or self.unanswered
 
 
 @dataclass
@@ -82,7 +90,7 @@ class Report:
 
     @property
     def lost_unexplained(self) -> list[Lost]:
-        return [gap for gap in self.lost if not gap.killed_in_flight]
+        return [gap for gap in self.lost if not gap.explained]
 
     def ok(self) -> bool:
         """Nothing twice, nothing lost but what a kill -9 mid-send explains."""
@@ -98,6 +106,8 @@ class Report:
             f"| ticks lost (unexplained) | {sum(g.ticks for g in self.lost_unexplained)} |",
             f"| ticks lost in flight to kill -9 (at-most-once, documented) | "
             f"{sum(g.ticks for g in self.lost if g.killed_in_flight)} |",
+            f"| ticks sent without an answer from the broker (logged, at-most-once, documented) | "
+            f"{sum(g.ticks for g in self.lost if g.unanswered and not g.killed_in_flight)} |",
             f"| ticks skipped past misfire grace (each logged) | {len(self.skipped)} |",
             f"| ticks caught up late, once | {len(self.late)} (max {self.max_lateness:.1f}s late) |",
             f"| claimed in the ledger but never published | {len(self.unpublished_claims)} |",
@@ -136,11 +146,16 @@ class Report:
 
 def logged_skips(logs: list[str]) -> list[tuple[str, datetime]]:
     """Every (entry, slot) some replica logged as skipped past its grace time."""
-    found = []
-    for text in logs:
-        for name, slot in SKIP_LINE.findall(text):
-            found.append((name, datetime.fromisoformat(slot)))
-    return found
+    return _logged(SKIP_LINE, logs)
+
+
+def logged_unanswered(logs: list[str]) -> list[tuple[str, datetime]]:
+    """Every (entry, slot) some replica logged as sent without an answer (it may not have arrived)."""
+    return _logged(UNANSWERED_LINE, logs)
+
+
+def _logged(line: re.Pattern[str], logs: list[str]) -> list[tuple[str, datetime]]:
+    return [(name, datetime.fromisoformat(slot)) for text in logs for name, slot in line.findall(text)]
 
 
 def account(
@@ -150,6 +165,7 @@ def account(
     skips: list[tuple[str, datetime]] = (),
     ledger_slots: dict[str, datetime] | None = None,
     kills: list[tuple[int, float]] = (),
+    unanswered: list[tuple[str, datetime]] = (),
 ) -> Report:
     """Count what ``publishes`` did against the schedule ``intervals``.
 
@@ -171,6 +187,7 @@ def account(
     for p in publishes:
         by_entry[p.entry].append(p)
     skip_set = set(skips)
+    unanswered_set = set(unanswered)
     late, lost = [], []
     kill_times = dict(kills)
     for name, rows in by_entry.items():
@@ -190,12 +207,13 @@ def account(
             missing = max(1, round((b.slot.timestamp() - limit) / interval))
             killed_at = kill_times.get(a.pid)
             in_flight = killed_at is not None and a.at <= killed_at <= a.at + interval + 2
-            lost.append(Lost(name, a.slot, b.slot, missing, in_flight))
+            no_answer = sum(1 for n, s in unanswered_set if n == name and a.slot < s < b.slot)
+            lost.append(Lost(name, a.slot, b.slot, missing, in_flight, no_answer >= missing))
 
     unpublished = []
     for name, slot in (ledger_slots or {}).items():
         published = [p.slot for p in by_entry.get(name, [])]
-        if slot in published or (name, slot) in skip_set:
+        if slot in published or (name, slot) in skip_set or (name, slot) in unanswered_set:
             continue
         if published and slot < max(published):
             continue  # an older slot: the ledger moved on (not expected, but not a loss)
@@ -251,6 +269,7 @@ def accounting(
         cluster.publishes(),
         cluster.schedule if intervals is None else intervals,
         skips=logged_skips([r.log() for r in cluster.replicas]),
+        unanswered=logged_unanswered([r.log() for r in cluster.replicas]),
         ledger_slots=ledger_slots(client, cluster.root) if client is not None else None,
         **kwargs,
     )

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from tests.support.accounting import Report, account, logged_skips
+from tests.support.accounting import Report, account, logged_skips, logged_unanswered
 from tests.support.faults import leader_session, ledger_slots, member_holding
 from tests.support.helpers import wait_for
 from tests.support.processes import Cluster, Replica
@@ -138,11 +138,12 @@ def run(
                     except Exception:  # noqa: BLE001 - report it, never hang the soak
                         unexpected.append(f"{replica.identity} (did not stop on SIGTERM)")
             wait_for(lambda: client.connected, 30, 0.1, message="chaos: the accounting client is not connected")
-            skips = logged_skips([r.log() for r in cluster.replicas])
+            logs = [r.log() for r in cluster.replicas]
             report = account(
                 cluster.publishes(),
                 schedule,
-                skips=skips,
+                skips=logged_skips(logs),
+                unanswered=logged_unanswered(logs),
                 ledger_slots=ledger_slots(client, root),
                 kills=driver.kills,
             )
