@@ -25,11 +25,9 @@ from kombu import Connection, Exchange, Queue
 
 from tests.support.brokers import RabbitBroker
 from tests.support.helpers import Published, every, lead, wait_for
+from zkbeat.publisher import HAS_CONFIRM_TIMEOUT
 
 CONFIRMS = {"broker_transport_options": {"confirm_publish": True}}
-#: Celery and kombu pass a message's ``confirm_timeout`` on from 5.5; before,
-#: the option is ignored and a publish waits for its ack without limit.
-HAS_CONFIRM_TIMEOUT = celery.VERSION[:2] >= (5, 5)
 needs_confirm_timeout = pytest.mark.skipif(
     not HAS_CONFIRM_TIMEOUT, reason=f"confirm_timeout needs Celery 5.5 (this is {celery.__version__})"
 )

@@ -15,22 +15,28 @@ class Terminated(BaseException):  # as SystemExit: no except Exception catches i
     pass
 
 
+def fail_after_first_claim(scheduler, monkeypatch: pytest.MonkeyPatch, error: BaseException) -> list:
+    """Let the scheduler's next claim commit, then raise ``error`` instead of its reply; the slots it committed."""
+    original_claim = scheduler.ledger.claim
+    committed: list = []
+
+    def claim_then_fail(claims, fence):
+        monkeypatch.setattr(scheduler.ledger, "claim", original_claim)
+        result = original_claim(claims, fence)
+        committed.extend(c.state.slot for c in claims if c.name in result.committed)
+        raise error
+
+    monkeypatch.setattr(scheduler.ledger, "claim", claim_then_fail)
+    return committed
+
+
 def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
     make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The message went out, then the signal (its hold limit past) cut the publish short: close() keeps the run."""
     first = make_scheduler({"tidy": every(1)})
     lead(first)
-    original_claim = first.ledger.claim
-    committed: list = []
-
-    def claim_then_lose_the_reply(claims, fence):
-        monkeypatch.setattr(first.ledger, "claim", original_claim)
-        result = original_claim(claims, fence)
-        committed.extend(c.state.slot for c in claims if c.name in result.committed)
-        raise ConnectionLoss()
-
-    monkeypatch.setattr(first.ledger, "claim", claim_then_lose_the_reply)
+    committed = fail_after_first_claim(first, monkeypatch, ConnectionLoss())
     # ZooKeeper does not answer the follower's write-back either: the next term inherits the claim.
     release = first._release_pending
     monkeypatch.setattr(first, "_release_pending", lambda final=False: release(final) if final else None)
@@ -74,16 +80,8 @@ def test_a_claim_cut_short_by_a_signal_is_written_back_at_close(
     """The claim committed, the signal (its hold limit past) cut the wait for the reply: close() writes it back."""
     first = make_scheduler({"tidy": every(1)})
     lead(first)
-    original_claim = first.ledger.claim
-    committed: list = []
-
-    def claim_then_terminate(claims, fence):
-        monkeypatch.setattr(first.ledger, "claim", original_claim)
-        result = original_claim(claims, fence)
-        committed.extend(c.state.slot for c in claims if c.name in result.committed)
-        raise Terminated  # SIGTERM handed to beat's handler while the reply was awaited
-
-    monkeypatch.setattr(first.ledger, "claim", claim_then_terminate)
+    # SIGTERM handed to beat's handler while the reply was awaited.
+    committed = fail_after_first_claim(first, monkeypatch, Terminated())
     with pytest.raises(Terminated):
         wait_for(lambda: first.tick() is not None and False, timeout=10)
     assert committed and published.headers == []
