@@ -124,13 +124,14 @@ def test_kill_9_of_a_follower_closes_the_line(
     last = by_pid(cluster, last_pid)
     by_pid(cluster, middle_pid).signal(signal.SIGKILL)
     wait_for(lambda: line_pids(zk_client, zk_root) == [leader_pid, last_pid], timeout=TAKEOVER, message=last.log)
-    assert GONE_LINE in last.log()
+    # It logs the deletion just after making it: the test may look first.
+    wait_for(lambda: GONE_LINE in last.log(), timeout=10, message=last.log)
     wait_for(lambda: len(publishes_by(cluster, leader_pid)) >= 3, timeout=20)
     killed_at = time.time()
     by_pid(cluster, leader_pid).signal(signal.SIGKILL)
     taken = new_leader(cluster, leader_pid, killed_at, timeout=TAKEOVER)
     assert taken.pid == last_pid
-    assert last.log().count(GONE_LINE) == 2
+    wait_for(lambda: last.log().count(GONE_LINE) == 2, timeout=10, message=last.log)
     wait_for(lambda: len(publishes_by(cluster, last_pid)) >= 3, timeout=20)
     report = accounting(cluster, zk_client, kills=[(middle_pid, 0.0), (leader_pid, killed_at)])
     assert_clean(report, cluster)
