@@ -141,7 +141,9 @@ def test_listeners_hear_edges_only(pool: Pool) -> None:
 
 def test_suspended_stops_leading_at_once_then_resumes(private_pool: Pool, zk_server_private: ZooKeeperServer) -> None:
     """While the connection is down the leader is not leader; with the same session back it leads again."""
-    leader = private_pool.election()
+    # The server's longest session (20 ticks): the session must outlive a JVM restart
+    # on a loaded machine, which a 4 s session did not once.
+    leader = private_pool.election(private_pool.client(timeout=10))
     assert leader.wait_for_leadership(timeout=10)
     epoch, session = leader.epoch, leader.client.client_id[0]
     seen_while_suspended: list[bool] = []

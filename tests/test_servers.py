@@ -30,7 +30,8 @@ def record_states(client: KazooClient) -> list[KazooState]:
 def private_client(zk_server_private: ZooKeeperServer) -> Iterator[KazooClient]:
     # Retry the connection every <= 0.5 s so reconnecting never waits out a long backoff.
     retry = {"max_tries": -1, "max_delay": 0.5}
-    client = KazooClient(zk_server_private.hosts, timeout=4, connection_retry=retry)
+    # The server's longest session (20 ticks), so the restart tests keep it on a loaded machine.
+    client = KazooClient(zk_server_private.hosts, timeout=10, connection_retry=retry)
     client.start(timeout=15)
     yield client
     client.stop()
