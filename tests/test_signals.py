@@ -39,6 +39,35 @@ def test_sigterm_inside_is_delivered_after_the_block() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_the_limit_timer_firing_as_the_block_ends_delivers_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer that re-sends a held signal at the limit can be on its way just as the block ends
+    (a hung send that returned at that moment): the handler still runs once, not twice."""
+    calls: list[int] = []
+    on_its_way, block_left = threading.Event(), threading.Event()
+    send = signal.pthread_kill
+
+    def late_send(thread_id: int, signum: int) -> None:  # the timer, stalled between firing and sending
+        on_its_way.set()
+        block_left.wait(timeout=1)
+        send(thread_id, signum)
+
+    def handler(signum: int, frame: object) -> None:
+        calls.append(signum)
+
+    monkeypatch.setattr(signal, "pthread_kill", late_send)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with hold_shutdown_signals(limit=0.2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert on_its_way.wait(timeout=10), "the limit timer did not fire"
+        block_left.set()
+        threading.Event().wait(0.5)  # room for a late signal to arrive and be handled
+        assert calls == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is handler, "the handler was not restored"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_nothing_pending_means_nothing_delivered() -> None:
     """Without a signal the block leaves handlers as they were and raises nothing."""
     before = signal.getsignal(signal.SIGINT)

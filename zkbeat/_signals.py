@@ -40,16 +40,25 @@ def hold_shutdown_signals(
     pending: list[int] = []
     started = time.monotonic()
     timers: list[threading.Timer] = []
+    # The timer sends only under this lock and only before the block has
+    # ended: a signal it sent after would reach the restored handler on top
+    # of the one re-raised below, and celery beat's would exit twice.
+    ending = threading.Lock()
+    ended = False
+
+    def come_round(signum: int) -> None:
+        with ending:
+            if not ended:
+                signal.pthread_kill(threading.main_thread().ident, signum)
 
     def record(signum: int, frame: object) -> None:
         pending.append(signum)
-        if limit is None:
+        if limit is None or ended:  # once ended, the re-raise below delivers it
             return
         left = limit - (time.monotonic() - started)
         if left > 0:
             if not timers:  # when the limit passes, the signal comes round again and goes through
-                main = threading.main_thread().ident
-                timer = threading.Timer(left, signal.pthread_kill, (main, signum))
+                timer = threading.Timer(left, come_round, (signum,))
                 timer.daemon = True
                 timers.append(timer)
                 timer.start()
@@ -68,6 +77,8 @@ def hold_shutdown_signals(
     try:
         yield pending
     finally:
+        with ending:
+            ended = True
         for timer in timers:
             timer.cancel()
         for signum, handler in previous.items():
