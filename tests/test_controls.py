@@ -112,6 +112,9 @@ def test_trigger_runs_once_while_leading_while_paused_and_across_a_kill(cluster:
     assert [r["entry"] for r in rows(cluster) if r["manual"] == request] == ["held"]
 
     leader = cluster.leader()
+    # Stopped first, so the request is surely still pending when its leader
+    # dies (a leader killed between its claim and the send loses the run, at most once).
+    leader.signal(signal.SIGSTOP)
     asked = cli(cluster, "trigger", "steady", "--no-wait", "--json")
     leader.signal(signal.SIGKILL)
     killed = json.loads(asked.stdout)["request"]

@@ -20,7 +20,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting
-from tests.support.faults import candidates
+from tests.support.faults import candidates, wait_until_watched
 from tests.support.helpers import wait_for
 from tests.support.netns import Network, available
 from tests.support.processes import ROOT, Cluster, Publish, Replica
@@ -113,7 +113,11 @@ def test_a_lost_host_is_replaced_at_the_session_timeout_not_earlier(
     healed_at = time.time()
     wait_for(lambda: "stopped leading" in lost.log(), timeout=30, message=lost.log)
     wait_for(lambda: len([p for p in cluster.publishes() if p.at > healed_at]) >= 6, timeout=30)
-    assert [p for p in cluster.publishes() if p.pid == lost.pid and p.at > cut_at + 0.5] == []
+    # The cut may land between the two sends of one batch, and TCP delivers the
+    # one in flight late: that send was claimed before the cut, and nothing more.
+    late = [p for p in cluster.publishes() if p.pid == lost.pid and p.at > cut_at]
+    assert len({p.entry for p in late}) == len(late), f"the healed host published again: {late}"
+    assert all(p.epoch < taken.epoch for p in late)
     assert lost.alive
     report = accounting(cluster, zk_client)
     assert report.twice == 0, report.details()
@@ -130,13 +134,16 @@ def test_kill_9_on_another_host_is_seen_across_the_network(
         replica.start()
     leader = leader_host(cluster, zk_client)
     wait_for(lambda: len([p for p in cluster.publishes() if p.pid == leader.pid]) >= 3, timeout=20)
+    next_pid = candidates(zk_client, cluster.root)[1][1]["pid"]
+    heir = next(r for r in cluster.replicas if r.pid == next_pid)
+    wait_until_watched(zk_client, cluster.root, leader.pid, heir.log)
     killed_at = time.time()
     leader.signal(signal.SIGKILL)
     # Well inside a 30 s session only the socket could explain it; this one is 4 s,
     # so the log line is the proof.
     taken = new_leader(cluster, leader.pid, killed_at, timeout=SESSION + 20)
-    heir = next(r for r in cluster.replicas if r.alive and r.pid == taken.pid)
-    assert GONE_LINE in heir.log()
+    assert taken.pid == heir.pid
+    wait_for(lambda: GONE_LINE in heir.log(), timeout=10, message=heir.log)
     wait_for(lambda: len([p for p in cluster.publishes() if p.pid == taken.pid]) >= 3, timeout=20)
     report = accounting(cluster, zk_client, kills=[(leader.pid, killed_at)])
     assert report.twice == 0 and report.lost_unexplained == [], report.details()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -128,9 +129,10 @@ def _candidate(zk_server: ZooKeeperServer, path: str, beacon: Beacon) -> tuple[K
 
 
 def test_a_watcher_deletes_the_candidate_of_a_closed_beacon(
-    zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str
+    zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """When the predecessor's beacon closes and a re-dial is refused, the watcher deletes that exact candidate."""
+    caplog.set_level(logging.DEBUG, logger="zkbeat.liveness")
     path = f"{zk_root}/v1/election"
     victim = Beacon("127.0.0.1").start()
     owner, node = _candidate(zk_server, path, victim)
@@ -138,10 +140,11 @@ def test_a_watcher_deletes_the_candidate_of_a_closed_beacon(
     try:
         (candidate,) = CandidateReader(zk_client, path).read().candidates
         watcher.follow(candidate)
-        wait_for(lambda: victim.connections == 1, timeout=10)
+        # Verified, not only accepted: before that a refused dial proves nothing.
+        wait_for(lambda: f"watching the liveness of {node} " in caplog.text, timeout=10)
         victim.close()
         wait_for(lambda: zk_client.exists(node) is None, timeout=10)
-        assert watcher.deleted == [node]
+        wait_for(lambda: watcher.deleted == [node], timeout=10, message=lambda: f"deleted: {watcher.deleted}")
         assert owner.connected, "the owner's session lives on: only its candidate went"
     finally:
         watcher.close()

@@ -9,6 +9,7 @@ message was handed to the broker), which is what the tests count.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from datetime import timedelta
@@ -26,6 +27,11 @@ class RaisingSchedule(schedule):
     def is_due(self, last_run_at):
         raise ValueError("this schedule cannot say when it is due")
 
+
+# "watching the liveness of <candidate>": a test that kills a replica waits for
+# its follower's line first; before the follower has verified that connection,
+# only the session would see the kill.
+logging.getLogger("zkbeat.liveness").setLevel(logging.DEBUG)
 
 app = Celery("beatapp")
 app.conf.update(

@@ -9,16 +9,18 @@ session).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperEnsemble, ZooKeeperServer
 from zkbeat.election import sorted_candidates
 from zkbeat.ledger import LAYOUT_VERSION, Ledger
 
-__all__ = ["candidates", "leader_session", "member_holding", "ledger_slots"]
+__all__ = ["candidates", "leader_session", "member_holding", "ledger_slots", "wait_until_watched"]
 
 
 def candidates(client: KazooClient, root: str) -> list[tuple[str, dict, int]]:
@@ -36,6 +38,19 @@ def candidates(client: KazooClient, root: str) -> list[tuple[str, dict, int]]:
             continue
         found.append((child, json.loads(raw or b"{}"), stat.ephemeralOwner))
     return found
+
+
+def wait_until_watched(client: KazooClient, root: str, pid: int, log: Callable[[], str], timeout: float = 30) -> None:
+    """Wait until a follower's ``log`` says it watches the liveness of the candidate of process ``pid``.
+
+    Before its first verified connection a refused dial proves nothing (a
+    firewall that rejects looks the same), so a kill that comes earlier is
+    seen only when the session ends. Replicas of tests/support/beatapp.py log
+    the line (at DEBUG).
+    """
+    name = next(name for name, data, _ in candidates(client, root) if data.get("pid") == pid)
+    line = f"watching the liveness of {root}/{LAYOUT_VERSION}/election/{name} at "
+    wait_for(lambda: line in log(), timeout=timeout, message=lambda: f"no {line!r} in\n{log()}")
 
 
 def leader_session(client: KazooClient, root: str) -> tuple[str, int] | None:

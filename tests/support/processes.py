@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +41,15 @@ class Publish:
     task_id: str
     #: The trigger request of a run-now (header zkbeat-manual); None for a scheduled tick.
     manual: str | None = None
+
+
+def leader_epochs(logs: Iterable[str]) -> set[int]:
+    """The epochs whose leadership the replicas' logs announce.
+
+    A connection blip that keeps the session logs "became leader" again in
+    the same epoch; leadership that moves (ping-pong included) changes it.
+    """
+    return {int(epoch) for log in logs for epoch in re.findall(r"zkbeat: became leader \(epoch (\d+)\)", log)}
 
 
 def record_publishes(url: str, key: str, identity: str | None) -> None:
