@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 from celery import beat
@@ -39,33 +41,74 @@ def test_sigterm_inside_is_delivered_after_the_block() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_the_limit_timer_firing_as_the_block_ends_delivers_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The timer that re-sends a held signal at the limit can be on its way just as the block ends
-    (a hung send that returned at that moment): the handler still runs once, not twice."""
-    calls: list[int] = []
-    on_its_way, block_left = threading.Event(), threading.Event()
+class Exiting:
+    """A SIGTERM handler that raises, as celery beat's does, and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.calls.append(signum)
+        raise Stop
+
+
+@pytest.fixture
+def exiting() -> Iterator[Exiting]:
+    handler = Exiting()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, handler)
+    yield handler
+    for signum, old in previous.items():
+        signal.signal(signum, old)
+
+
+def _held_until_the_limit_timer(on_its_way: threading.Event) -> None:
+    with hold_shutdown_signals(limit=0.2):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert on_its_way.wait(timeout=10), "the limit timer did not fire"
+
+
+def test_a_limit_timer_caught_mid_send_as_the_block_ends_delivers_once(
+    monkeypatch: pytest.MonkeyPatch, exiting: Exiting
+) -> None:
+    """The timer that re-sends a held signal at the limit is sending just as the block ends (a hung send
+    returned at that moment): the handler runs once, and every handler is back."""
+    on_its_way = threading.Event()
     send = signal.pthread_kill
 
-    def late_send(thread_id: int, signum: int) -> None:  # the timer, stalled between firing and sending
+    def stalled_send(thread_id: int, signum: int) -> None:
         on_its_way.set()
-        block_left.wait(timeout=1)
+        time.sleep(0.5)  # the block ends meanwhile
         send(thread_id, signum)
 
-    def handler(signum: int, frame: object) -> None:
-        calls.append(signum)
+    monkeypatch.setattr(signal, "pthread_kill", stalled_send)
+    with pytest.raises(Stop):
+        _held_until_the_limit_timer(on_its_way)
+    time.sleep(0.5)  # room for a second delivery
+    assert exiting.calls == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is exiting
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "a recorder was left installed"
 
-    monkeypatch.setattr(signal, "pthread_kill", late_send)
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        with hold_shutdown_signals(limit=0.2):
-            os.kill(os.getpid(), signal.SIGTERM)
-            assert on_its_way.wait(timeout=10), "the limit timer did not fire"
-        block_left.set()
-        threading.Event().wait(0.5)  # room for a late signal to arrive and be handled
-        assert calls == [signal.SIGTERM]
-        assert signal.getsignal(signal.SIGTERM) is handler, "the handler was not restored"
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+
+def test_a_limit_timer_that_fires_as_the_block_ends_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch, exiting: Exiting
+) -> None:
+    """A timer past its wait when the block ends (too late to cancel) finds the block over and sends nothing."""
+    on_its_way, block_over = threading.Event(), threading.Event()
+
+    class LateTimer(threading.Timer):
+        def run(self) -> None:
+            self.finished.wait(self.interval)
+            on_its_way.set()
+            block_over.wait(10)
+            self.function(*self.args, **self.kwargs)  # as one already past its check: cancel() came too late
+
+    monkeypatch.setattr(threading, "Timer", LateTimer)
+    with pytest.raises(Stop):
+        _held_until_the_limit_timer(on_its_way)
+    block_over.set()
+    time.sleep(0.5)  # room for a second delivery
+    assert exiting.calls == [signal.SIGTERM]
 
 
 def test_nothing_pending_means_nothing_delivered() -> None:

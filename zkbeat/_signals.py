@@ -40,9 +40,10 @@ def hold_shutdown_signals(
     pending: list[int] = []
     started = time.monotonic()
     timers: list[threading.Timer] = []
-    # The timer sends only under this lock and only before the block has
-    # ended: a signal it sent after would reach the restored handler on top
-    # of the one re-raised below, and celery beat's would exit twice.
+    armed = False  # one timer per block, even if a second signal lands while the first arms it
+    # The timer sends only under this lock and only before the block ends: a
+    # signal it sent later would reach the restored handler on top of the one
+    # re-raised below, and celery beat's would exit twice.
     ending = threading.Lock()
     ended = False
 
@@ -52,12 +53,14 @@ def hold_shutdown_signals(
                 signal.pthread_kill(threading.main_thread().ident, signum)
 
     def record(signum: int, frame: object) -> None:
+        nonlocal armed
         pending.append(signum)
         if limit is None or ended:  # once ended, the re-raise below delivers it
             return
         left = limit - (time.monotonic() - started)
         if left > 0:
-            if not timers:  # when the limit passes, the signal comes round again and goes through
+            if not armed:  # when the limit passes, the signal comes round again and goes through
+                armed = True
                 timer = threading.Timer(left, come_round, (signum,))
                 timer.daemon = True
                 timers.append(timer)
@@ -73,18 +76,41 @@ def hold_shutdown_signals(
                 signal.signal(each, signal.SIG_DFL)
                 signal.raise_signal(each)
 
-    previous = {signum: signal.signal(signum, record) for signum in signums}
+    previous: dict[int, object] = {}
     try:
+        for signum in signums:
+            previous[signum] = signal.signal(signum, record)
         yield pending
     finally:
+        # Handlers run on this thread only, so from here ``record`` only
+        # records; a send the timer has begun lands while we wait for it.
+        ended = True
         with ending:
-            ended = True
+            pass
         for timer in timers:
             timer.cancel()
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        _restore(previous)
         for signum in dict.fromkeys(pending):
             signal.raise_signal(signum)
+
+
+def _restore(previous: dict[int, object]) -> None:
+    """Put every handler back, even if one that is back already runs and raises.
+
+    ``signal.signal`` first runs the handlers of signals that are pending, and
+    raises what they raise before it changes anything; that must not leave the
+    recorder installed for the other signal (its Ctrl-C would be swallowed).
+    """
+    error: BaseException | None = None
+    for signum, handler in previous.items():
+        while True:
+            try:
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # type: ignore[arg-type]
+                break
+            except BaseException as exc:  # noqa: BLE001 - re-raised once every handler is back
+                error = error or exc
+    if error is not None:
+        raise error
 
 
 def inside_shutdown_handler() -> bool:
