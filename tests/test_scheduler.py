@@ -10,8 +10,9 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, every, fail_next_claim, lead, wait_for
 from tests.support.servers import RedisServer, ZooKeeperServer, expire_session_quietly
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.election import LeaderElection
@@ -260,31 +261,13 @@ def test_entry_point_alias_resolves() -> None:
     assert symbol_by_name("zkbeat", aliases=aliases) is Scheduler
 
 
-def _claim_then_lose_the_reply(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch, commit: bool) -> list:
-    """Make the next claim's reply vanish like a dropped connection, after (or without) committing it."""
-    from kazoo.exceptions import ConnectionLoss
-
-    original = scheduler.ledger.claim
-    committed: list = []
-
-    def claim(claims, fence):
-        monkeypatch.setattr(scheduler.ledger, "claim", original)
-        if commit:
-            result = original(claims, fence)
-            committed.extend(c.state.slot for c in claims if c.name in result.committed)
-        raise ConnectionLoss()
-
-    monkeypatch.setattr(scheduler.ledger, "claim", claim)
-    return committed
-
-
 def test_a_commit_whose_reply_was_lost_is_published_once(
     make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A claim that committed while its reply was lost is published on the next leader pass: once, not never."""
     scheduler = make_scheduler({"tidy": every(0.5)})
     lead(scheduler)
-    committed = _claim_then_lose_the_reply(scheduler, monkeypatch, commit=True)
+    committed = fail_next_claim(scheduler, monkeypatch, ConnectionLoss())
     wait_for(lambda: scheduler.tick() is not None and committed, timeout=10)
     assert published.headers == []
     wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
@@ -299,7 +282,7 @@ def test_a_claim_lost_before_commit_is_claimed_again(
     """A claim whose request never committed is not published from memory; the tick is claimed afresh instead."""
     scheduler = make_scheduler({"tidy": every(0.5)})
     lead(scheduler)
-    _claim_then_lose_the_reply(scheduler, monkeypatch, commit=False)
+    fail_next_claim(scheduler, monkeypatch, ConnectionLoss(), commit=False)
     wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
     slots = [h["zkbeat-slot"] for h in published.headers]
     assert len(slots) == len(set(slots))

@@ -8,26 +8,21 @@ import signal
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, every, fail_next_claim, lead, wait_for
 
 
 class Terminated(BaseException):  # as SystemExit: no except Exception catches it
     pass
 
 
-def fail_after_first_claim(scheduler, monkeypatch: pytest.MonkeyPatch, error: BaseException) -> list:
-    """Let the scheduler's next claim commit, then raise ``error`` instead of its reply; the slots it committed."""
-    original_claim = scheduler.ledger.claim
-    committed: list = []
-
-    def claim_then_fail(claims, fence):
-        monkeypatch.setattr(scheduler.ledger, "claim", original_claim)
-        result = original_claim(claims, fence)
-        committed.extend(c.state.slot for c in claims if c.name in result.committed)
-        raise error
-
-    monkeypatch.setattr(scheduler.ledger, "claim", claim_then_fail)
-    return committed
+def next_leader_slots(make_scheduler, published: Published) -> list[str]:
+    """The slots published once a second scheduler has led for a tick or two; none twice."""
+    second = make_scheduler({"tidy": every(1)}, identity="second")
+    lead(second)
+    wait_for(lambda: second.tick() is not None and len(published.headers) >= 2, timeout=10)
+    slots = [h["zkbeat-slot"] for h in published.headers]
+    assert len(slots) == len(set(slots)), f"a tick was published twice: {slots}"
+    return slots
 
 
 def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
@@ -36,7 +31,7 @@ def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
     """The message went out, then the signal (its hold limit past) cut the publish short: close() keeps the run."""
     first = make_scheduler({"tidy": every(1)})
     lead(first)
-    committed = fail_after_first_claim(first, monkeypatch, ConnectionLoss())
+    committed = fail_next_claim(first, monkeypatch, ConnectionLoss())
     # ZooKeeper does not answer the follower's write-back either: the next term inherits the claim.
     release = first._release_pending
     monkeypatch.setattr(first, "_release_pending", lambda final=False: release(final) if final else None)
@@ -67,11 +62,7 @@ def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
     assert [h["zkbeat-slot"] for h in published.headers] == [committed[0].isoformat()]
     first.close()
 
-    second = make_scheduler({"tidy": every(1)}, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= 2, timeout=10)
-    slots = [h["zkbeat-slot"] for h in published.headers]
-    assert len(slots) == len(set(slots)), f"a tick was published twice: {slots}"
+    next_leader_slots(make_scheduler, published)
 
 
 def test_a_claim_cut_short_by_a_signal_is_written_back_at_close(
@@ -81,15 +72,11 @@ def test_a_claim_cut_short_by_a_signal_is_written_back_at_close(
     first = make_scheduler({"tidy": every(1)})
     lead(first)
     # SIGTERM handed to beat's handler while the reply was awaited.
-    committed = fail_after_first_claim(first, monkeypatch, Terminated())
+    committed = fail_next_claim(first, monkeypatch, Terminated())
     with pytest.raises(Terminated):
         wait_for(lambda: first.tick() is not None and False, timeout=10)
     assert committed and published.headers == []
     first.close()
 
-    second = make_scheduler({"tidy": every(1)}, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= 2, timeout=10)
-    slots = [h["zkbeat-slot"] for h in published.headers]
-    assert len(slots) == len(set(slots)), f"a tick was published twice: {slots}"
+    slots = next_leader_slots(make_scheduler, published)
     assert committed[0].isoformat() in slots, "the claimed tick was never published (lost without a word)"

@@ -95,3 +95,22 @@ class Published:
 def lead(scheduler: Any, timeout: float = 15) -> None:
     """Wait until an in-process zkbeat scheduler leads."""
     assert scheduler.election.wait_for_leadership(timeout=timeout), "never became leader"
+
+
+def fail_next_claim(scheduler: Any, monkeypatch: Any, error: BaseException, commit: bool = True) -> list:
+    """Make the scheduler's next claim raise ``error`` in place of its reply, after (or without) committing it.
+
+    Returns the list the committed slots are put in. Later claims run as usual.
+    """
+    original = scheduler.ledger.claim
+    committed: list = []
+
+    def claim(claims: Any, fence: Any) -> Any:
+        monkeypatch.setattr(scheduler.ledger, "claim", original)
+        if commit:
+            result = original(claims, fence)
+            committed.extend(c.state.slot for c in claims if c.name in result.committed)
+        raise error
+
+    monkeypatch.setattr(scheduler.ledger, "claim", claim)
+    return committed
