@@ -4,11 +4,11 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
-APT_PACKAGES := zookeeper redis-server faketime iproute2
+APT_PACKAGES := zookeeper redis-server faketime iproute2 chromium prometheus
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps test matrix lint format docs demo bench chaos clean
+.PHONY: help install system-deps test matrix lint format docs settings-doc demo bench chaos clean
 
 help:
 	@echo "make demo     run 3 beat replicas on a local ZooKeeper + Redis, kill the leader, show what happened"
@@ -17,6 +17,7 @@ help:
 	@echo "make matrix   the in-process tests and one failover on every dependency version zkbeat claims (nox + uv)"
 	@echo "make lint     ruff"
 	@echo "make docs     the manual (Sphinx) into docs/_build/html, warnings as errors"
+	@echo "make settings-doc  write the settings table of docs/settings.md from zkbeat/conf.py"
 	@echo "make bench    benchmarks side by side with celery beat and celery-redbeat"
 	@echo "make chaos    DURATION=1800: 3 replicas, 20 entries, a random fault every 20-60 s, then the accounting"
 
@@ -27,7 +28,10 @@ install: system-deps $(VENV)/.installed
 # skews the clocks of replicas in the clock-skew tests; iproute2 (ip netns)
 # gives the host-loss tests hosts of their own. RabbitMQ is only checked:
 # the tests use the machine's own on 127.0.0.1:5672 (guest/guest), in vhosts
-# of their own, and never start or stop one.
+# of their own, and never start or stop one. chromium is the browser the
+# dashboard's tests drive (playwright, launched on /usr/bin/chromium: no browser
+# is ever downloaded); prometheus brings promtool, which checks the alert rules
+# in docker/ (its server is never started).
 system-deps:
 	@missing=""; \
 	[ -f /usr/share/java/zookeeper.jar ] || missing="$$missing zookeeper"; \
@@ -35,6 +39,8 @@ system-deps:
 	command -v faketime >/dev/null || missing="$$missing faketime"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v java >/dev/null || missing="$$missing zookeeper"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
@@ -51,24 +57,41 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,dev,django]'
 	touch $@
 
+# The suite runs on WORKERS pytest-xdist workers (-n; --dist loadfile is in
+# pyproject.toml). Its tests mostly wait on real servers, processes and
+# sessions, not on the CPU, so it runs WORKERS_PER_CORE workers per core
+# (docs/development.md has the measurements). WORKERS=0 runs it serially in
+# one process (for --pdb, or to read one test's output in order).
+WORKERS_PER_CORE ?= 2
+WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * $(WORKERS_PER_CORE) )))
+
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) $(PYTEST_ARGS)
 
 # The version matrix (noxfile.py): each Celery minor, kazoo and
 # django-celery-beat (with each Django) at their floor and newest, each session
 # in its own virtualenv under .nox/ made by uv (installs come from uv's cache
 # after the first run). Prints the table of results and times at the end and
 # exits non-zero if any session failed. NOX_ARGS="-s floors" runs one session.
+# Sessions run MATRIX_JOBS at a time, each its own `nox -s` process with its
+# output in .nox/logs/<session>.log (printed when it fails); MATRIX_JOBS=1
+# runs them one after another.
 NOX_ARGS ?=
+MATRIX_JOBS ?= $(WORKERS)
 
 $(VENV)/.installed-matrix: $(VENV)/.installed setup.cfg
 	$(BIN)/python -m pip install -q -e '.[matrix]'
 	touch $@
 
 matrix: install $(VENV)/.installed-matrix
-	@rm -f .nox/matrix.json
+	@rm -rf .nox/matrix.json .nox/logs && mkdir -p .nox/logs
 	@start=$$(date +%s); status=0; \
-	$(BIN)/nox $(NOX_ARGS) || status=$$?; \
+	$(BIN)/nox --list-sessions --json $(NOX_ARGS) \
+	  | $(BIN)/python -c 'import json, sys; print("\n".join(s["session"] for s in json.load(sys.stdin)))' \
+	  | xargs -P $(MATRIX_JOBS) -I {} sh -c \
+	    'if $(BIN)/nox -s "$$1" >".nox/logs/$$1.log" 2>&1; then echo "matrix: $$1 passed"; \
+	     else echo "matrix: $$1 FAILED, the end of .nox/logs/$$1.log:"; tail -n 80 ".nox/logs/$$1.log"; exit 1; fi' _ {} \
+	  || status=$$?; \
 	$(BIN)/python noxfile.py || status=1; \
 	echo "matrix wall time: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
@@ -81,9 +104,14 @@ format: install
 	$(BIN)/ruff check --fix zkbeat tests example_project demo bench noxfile.py
 	$(BIN)/ruff format zkbeat tests example_project demo bench noxfile.py
 
-# The manual (docs/, Sphinx with MyST Markdown). The settings reference is
-# generated from zkbeat/conf.py and the API reference from the docstrings, so
-# autodoc imports zkbeat (and Django, for DatabaseScheduler): the docs extra
+# The settings table in docs/settings.md is generated from zkbeat/conf.py
+# and committed (so it reads the same on GitHub as in the built manual);
+# tests/test_docs_settings.py fails until this has been run after a change.
+settings-doc: install
+	$(BIN)/python -m zkbeat._settings_doc --write docs/settings.md
+
+# The manual (docs/, Sphinx with MyST Markdown). The API reference is
+# generated from the docstrings, so autodoc imports zkbeat (and Django, for DatabaseScheduler): the docs extra
 # goes into the same venv. Warnings are errors, as in CI.
 $(VENV)/.installed-docs: $(VENV)/.installed setup.cfg
 	$(BIN)/python -m pip install -q -e '.[docs,django]'

@@ -16,6 +16,7 @@ and nothing else. Everything comes from the environment:
 ``BENCH_SESSION_TIMEOUT`` ``zkbeat_session_timeout``
 ``BENCH_LIVENESS``       ``zkbeat_liveness`` (``1``/``0``; unset: zkbeat's default, on)
 ``BENCH_STALL_TIMEOUT``  ``zkbeat_stall_timeout``
+``BENCH_BROKER_HANDOVER`` ``zkbeat_broker_handover_timeout``
 ``BENCH_COUNT_ZK``       count every ZooKeeper request this process sends (not pings),
                          by type, into ``<pid>.zk.json`` beside the publish records
 
@@ -56,6 +57,8 @@ if os.environ.get("BENCH_LIVENESS"):
     app.conf.zkbeat_liveness = os.environ["BENCH_LIVENESS"] == "1"
 if os.environ.get("BENCH_STALL_TIMEOUT"):
     app.conf.zkbeat_stall_timeout = float(os.environ["BENCH_STALL_TIMEOUT"])
+if os.environ.get("BENCH_BROKER_HANDOVER"):
+    app.conf.zkbeat_broker_handover_timeout = float(os.environ["BENCH_BROKER_HANDOVER"])
 if os.environ.get("BENCH_LOCK_TIMEOUT"):
     app.conf.redbeat_lock_timeout = int(os.environ["BENCH_LOCK_TIMEOUT"])
 

@@ -30,8 +30,9 @@ from tests.support.processes import LoggedProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_LINE = re.compile(r"^\[(\d+\.\d+) (\d+) (\w+) ([\w.]+)\] (.*)$")
+#: zkbeat's takeover line; " again" or " after <whom> (epoch <n>) left (<why>)" may follow the identity.
 BECAME_LEADER = re.compile(
-    r"zkbeat: became leader \(epoch (\d+)\) as (\S+); ledger of (\d+) entries loaded in ([\d.]+) ms"
+    r"zkbeat: became leader \(epoch (\d+)\) as (\S+)(?: [^;]*)?; (\d+) ledger entries loaded in ([\d.]+) ms"
 )
 
 
@@ -46,6 +47,8 @@ class Flavour:
     env: dict[str, str] = field(default_factory=dict)
     #: The log line that says "this process now publishes".
     leader_line: str = ""
+    #: The Celery app every process runs (``-A``).
+    app: str = "bench.app"
 
 
 ZKBEAT = Flavour("zkbeat", "zkbeat", "zkbeat.Scheduler", 3, leader_line="zkbeat: became leader")
@@ -60,6 +63,18 @@ REDBEAT_TUNED = Flavour(
     leader_line="beat: Acquired lock",
 )
 FLAVOURS = (ZKBEAT, PLAIN, REDBEAT, REDBEAT_TUNED)
+#: The database scenario's two: rows in django-celery-beat's tables (bench/database.py).
+ZKBEAT_DATABASE = Flavour(
+    "zkbeat", "zkbeat", "zkbeat.DatabaseScheduler", 3, leader_line="zkbeat: became leader", app="bench.djangoapp"
+)
+DJANGO_CELERY_BEAT = Flavour(
+    "dcb",
+    "django-celery-beat alone",
+    "django_celery_beat.schedulers:DatabaseScheduler",
+    1,
+    leader_line="beat: Starting...",
+    app="bench.djangoapp",
+)
 
 
 @dataclass
@@ -88,7 +103,7 @@ class Beat(LoggedProcess):
     def start(self) -> Beat:
         flavour = self.run.flavour
         command = [
-            sys.executable, "-m", "celery", "-A", "bench.app", "beat",
+            sys.executable, "-m", "celery", "-A", flavour.app, "beat",
             "--scheduler", flavour.scheduler, "--loglevel", "INFO",
             "-s", str(self.run.dir / f"{self.identity}-schedule"),
         ]  # fmt: skip

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from bench import probes
 from bench.cluster import Beat, Flavour, Run
@@ -30,6 +31,27 @@ class Bench:
     def note(self, message: str) -> None:
         self.notes.append(message)
         self.say(f"  note: {message}")
+
+    def drop(self, root: str) -> None:
+        """Delete a finished run's znodes, the ledger 1,000 entries a transaction.
+
+        The scenarios share one ZooKeeper, whose heap would otherwise hold
+        every trial's 100,000-entry ledger at once.
+        """
+        entries = f"{root}/v1/entries"
+        try:
+            names = self.client.get_children(entries)
+        except NoNodeError:
+            names = []
+        for start in range(0, len(names), 1000):
+            transaction = self.client.transaction()
+            for name in names[start : start + 1000]:
+                transaction.delete(f"{entries}/{name}")
+            transaction.commit()
+        try:
+            self.client.delete(root, recursive=True)
+        except (NoNodeError, NotEmptyError) as exc:  # an ephemeral candidate whose session is still expiring
+            self.say(f"  {root} left behind: {exc!r}")
 
     def say(self, message: str) -> None:
         print(f"[{time.time() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)

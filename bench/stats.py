@@ -12,12 +12,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-FLAVOUR_KEYS = ("zkbeat", "plain", "redbeat", "redbeat_tuned")
+FLAVOUR_KEYS = ("zkbeat", "plain", "redbeat", "redbeat_tuned", "dcb")
 COLUMNS = {
     "zkbeat": "zkbeat",
     "plain": "celery beat",
     "redbeat": "redbeat (defaults)",
     "redbeat_tuned": "redbeat (tuned)",
+    "dcb": "django-celery-beat alone",
 }
 
 

@@ -74,9 +74,9 @@ def format_table(table: list[Row], handovers: list[Handover], leaders: list[tupl
     lines.append("")
     lines.append("leaders: " + ", ".join(f"{name} (epoch {epoch}, {n} publishes)" for name, epoch, n in leaders))
     for h in handovers:
-        lines.append(f"handover after {h.cause} of {h.old}: {h.new} led {_duration(h.seconds)} later")
+        lines.append(f"handover after {h.cause} of {h.old}: {h.new} led {duration(h.seconds)} later")
     return "\n".join(lines)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"

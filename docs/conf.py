@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "_ext"))
 sys.path.insert(0, str(HERE.parent))
 
 
@@ -38,11 +37,10 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.viewcode",
-    "zkbeat_settings",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "_ext"]
+exclude_patterns = ["_build"]
 root_doc = "index"
 
 myst_enable_extensions = ["colon_fence", "deflist"]

@@ -18,9 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_bench_module_imports() -> None:
-    """Each module of bench/ imports (its own run needs the BENCH_* environment and is left out)."""
-    names = [info.name for info in pkgutil.iter_modules(bench.__path__) if info.name != "app"]
-    assert {"crash", "hung", "burst", "handover"} <= set(names)
+    """Each module of bench/ imports (the apps the benchmarked processes run are left out: they need
+    the BENCH_* environment, and the Django one configures Django for the whole process)."""
+    names = [
+        info.name for info in pkgutil.iter_modules(bench.__path__) if info.name not in ("app", "djangoapp", "shardsapp")
+    ]
+    assert {"crash", "hung", "burst", "handover", "database", "shards"} <= set(names)
     for name in names:
         importlib.import_module(f"bench.{name}")
 
@@ -30,5 +33,5 @@ def test_python_m_bench_help_lists_every_scenario() -> None:
         [sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    for scenario in ("burst", "crash", "handover", "hung", "punctuality", "steady", "swarm"):
+    for scenario in ("burst", "crash", "handover", "hung", "punctuality", "steady", "swarm", "database", "shards"):
         assert scenario in done.stdout

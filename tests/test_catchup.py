@@ -16,7 +16,7 @@ from celery.beat import ScheduleEntry
 from tests.support.helpers import wait_for
 from tests.support.processes import Cluster
 from tests.support.servers import RedisServer, ZooKeeperServer
-from zkbeat.catchup import decide, policy_for
+from zkbeat.ticking.catchup import decide, policy_for
 
 OUTAGE = 10.0
 
@@ -93,7 +93,7 @@ def test_an_invalid_entry_policy_is_logged_and_the_setting_used(caplog) -> None:
 
 def test_a_database_row_sets_its_policy_in_its_headers() -> None:
     """A django-celery-beat row's headers {'zkbeat_catchup': 'skip'} set its policy, and never reach the message."""
-    from zkbeat.ticks import message_options
+    from zkbeat.ticking.ticks import message_options
 
     row = entry("row", 1, 0, {"headers": {"zkbeat_catchup": "skip", "x-team": "ops"}})
     assert policy_for(row, "once") == "skip"

@@ -26,7 +26,7 @@ APP = "tests.support.beatapp"
 
 def zkbeat(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "zkbeat.cli", *args],
+        [sys.executable, "-m", "zkbeat.ops.cli", *args],
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         capture_output=True,
         text=True,
@@ -65,8 +65,10 @@ def test_status_shows_leader_candidates_and_entries(cluster: Cluster) -> None:
     assert found["leader"]["identity"] == publisher.identity
     assert found["leader"]["pid"] == publisher.pid
     assert found["leader"]["leader_since"]
-    epochs = [c["epoch"] for c in found["candidates"]]
-    assert epochs == sorted(epochs) and len(epochs) == 3
+    sequences = [c["sequence"] for c in found["candidates"]]
+    assert sequences == sorted(sequences) and len(sequences) == 3
+    # Only the leader has an epoch: the others never led under their candidates.
+    assert [c["epoch"] for c in found["candidates"]] == [found["leader"]["epoch"], None, None]
     entries = {e["name"]: e for e in found["entries"]}
     assert set(entries) == set(SCHEDULE)
     assert entries["cleanup"]["total_run_count"] >= 1 and entries["cleanup"]["next_due"]

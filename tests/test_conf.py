@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from zkbeat.conf import DEFAULT_HOSTS, DEFAULT_SESSION_TIMEOUT, Settings, read_settings
 from zkbeat.exceptions import ConfigurationError
-from zkbeat.ledger import EntryState, decode_name, decode_state, encode_name, encode_state
+from zkbeat.ledger.store import EntryState, decode_name, decode_state, encode_name, encode_state
 
 SECRET = "s3cret"
 CREDENTIAL = f"user:{SECRET}"
@@ -210,10 +210,17 @@ def test_misfire_grace_time_accepts_timedelta() -> None:
     assert read(misfire_grace_time=timedelta(minutes=2, seconds=3)).misfire_grace_time == 123.0
 
 
-@pytest.mark.parametrize("value", ["", "  ", 5, ["web-1"]])
+@pytest.mark.parametrize("value", ["", "  ", 5, ["web-1"], "web\x01-1", "web\n1", "web\x7f"])
 def test_bad_identity(value: Any) -> None:
-    """An identity that is not a non-empty string is rejected, naming it."""
+    """An identity that is not a non-empty string of printable characters is rejected, naming it (logs and every
+    run in the ledger carry it; JSON writes a control character as six bytes)."""
     assert_names_setting_and_value(config_error("zkbeat_identity", value), "zkbeat_identity", value)
+
+
+@pytest.mark.parametrize("value", [-1, 11, 2.5, "10", True, [3]])
+def test_bad_recent_runs(value: Any) -> None:
+    """A number of recent runs that is not a whole number from 0 to 10 is rejected, naming it."""
+    assert_names_setting_and_value(config_error("zkbeat_recent_runs", value), "zkbeat_recent_runs", value)
 
 
 @pytest.mark.parametrize("value", ["maybe", 2, [True]])

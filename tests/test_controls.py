@@ -17,7 +17,7 @@ from tests.support.helpers import wait_for
 from tests.support.processes import Cluster
 from tests.support.servers import RedisServer, ZooKeeperServer
 from tests.test_cli import zkbeat
-from zkbeat.ledger import Ledger, decode_state
+from zkbeat.ledger.store import Ledger, decode_state
 
 pytestmark = pytest.mark.processes
 

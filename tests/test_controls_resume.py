@@ -15,7 +15,7 @@ import pytest
 from celery.schedules import schedstate, schedule
 
 from tests.support.helpers import Published, lead, wait_for
-from zkbeat import controls
+from zkbeat.ledger import controls
 
 
 class Switched(schedule):
@@ -50,3 +50,20 @@ def test_a_resume_takes_effect_on_the_same_leader_within_max_interval(
         timeout=10,
         message="the resumed entry waits for its next run (a day) on the leader that held it back",
     )
+
+
+def test_resume_never_writes_the_layout_2_marker(zk_client, zk_root: str) -> None:
+    """A rollback to layout 1 resumes every entry, then deletes <root>/v2: no resume writes the marker back, nor
+    does one of an entry that never ran; a pause does (here with force: no replica is in line)."""
+    controls.pause(zk_client, zk_root, "daily", "ops", scheduled=True, force=True)
+    marker = f"{zk_root}/v2"
+    assert zk_client.exists(marker) is not None
+    zk_client.delete(marker)  # as if deleted first, by an operator in a hurry
+    before, changed = controls.resume(zk_client, zk_root, "daily")
+    assert changed and before.paused is not None
+    assert controls.resume(zk_client, zk_root, "daily")[1] is False  # resumed already: nothing written
+    assert controls.resume(zk_client, zk_root, "weekly", scheduled=True)[1] is False  # never ran, never paused
+    assert zk_client.exists(marker) is None
+    with pytest.raises(controls.LayoutError, match="no replica is in line"):
+        controls.pause(zk_client, zk_root, "daily", "ops")
+    assert zk_client.exists(marker) is None

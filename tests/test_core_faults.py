@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer, ZooKeeperServer
-from zkbeat.ledger import Claim, EntryState, Ledger, encode_state
+from zkbeat.ledger.store import Claim, EntryState, Ledger, encode_state
 
 
 def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -215,6 +215,7 @@ def black_holed_broker(redis_server: RedisServer):
         yield proxy
 
 
+@pytest.mark.parametrize("path", ["per message", "pipeline"])
 def test_a_publish_hung_on_a_silent_broker_lets_sigterm_through(
     make_scheduler,
     published: Published,
@@ -223,13 +224,23 @@ def test_a_publish_hung_on_a_silent_broker_lets_sigterm_through(
     zk_root: str,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    path: str,
 ) -> None:
-    """A send hung on a silent broker holds SIGTERM only so long; the unsent ticks of its batch are written back."""
+    """A send hung on a silent broker holds SIGTERM only so long; the unsent ticks of its batch are written back.
+
+    On the pipeline path (zkbeat.leading.batch_publish) one message a write, so that
+    the second tick is not yet written when the first hangs; on the
+    per-message path (RabbitMQ, older kombu) each tick is its own send.
+    """
+    if path == "pipeline":
+        monkeypatch.setattr("zkbeat.leading.batch_publish.CHUNK", 1)
+    else:
+        monkeypatch.setattr("zkbeat.leading.publisher.can_batch", lambda app, producer: False)
     proxy = black_holed_broker
     scheduler = make_scheduler(
         {"a": every(1), "b": every(1)}, broker_url=f"redis://127.0.0.1:{proxy.port}/0", beat_max_loop_interval=1
     )
-    monkeypatch.setattr("zkbeat.term.SIGNAL_HOLD_LIMIT", 2.0)
+    monkeypatch.setattr("zkbeat.leading.term.SIGNAL_HOLD_LIMIT", 2.0)
     lead(scheduler)
     wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= 2, timeout=15)
 
@@ -280,7 +291,7 @@ def test_a_run_now_request_zookeeper_will_not_consume_holds_back_nothing(
     make_scheduler, published: Published, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A stranger's child under one trigger request: it is left out once, no hot loop, the other request runs."""
-    from zkbeat.controls import request_trigger
+    from zkbeat.ledger.controls import request_trigger
 
     scheduler = make_scheduler({"a": every(3600), "b": every(3600)}, beat_max_loop_interval=2)
     lead(scheduler)

@@ -23,7 +23,7 @@ from tests.support.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_t
 from tests.support.helpers import Published, lead, wait_for
 from tests.support.processes import ROOT
 from tests.support.servers import RedisServer
-from zkbeat.election import LeaderElection
+from zkbeat.coordination.election import LeaderElection
 
 pytestmark = pytest.mark.usefixtures("beat_db")
 
@@ -101,12 +101,40 @@ def test_a_follower_sends_no_query_and_upserts_beat_schedule_once_it_leads(
     assert row("from-settings").task == "jobs.cleanup_messages"
 
 
+def test_a_new_leader_publishes_first_then_upserts_beat_schedule_before_it_waits(
+    make_scheduler, published: Published
+) -> None:
+    """The takeover's first pass publishes what is due before any write; beat_schedule is in the tables when it ends."""
+    from celery.signals import after_task_publish
+    from django.utils import timezone
+
+    interval_task("due", 60, last_run_at=timezone.now() - timedelta(seconds=61))
+    scheduler = make_scheduler(
+        {"from-settings": {"task": "jobs.cleanup_messages", "schedule": 3600.0}}, beat_max_loop_interval=30
+    )
+    lead(scheduler)
+    with capture_sql() as queries:
+        sent_after: list[int] = []
+
+        def note(**kwargs) -> None:
+            sent_after.append(len(queries))
+
+        after_task_publish.connect(note, weak=False)
+        try:
+            scheduler.tick()  # the first pass as leader; with nothing else due it would wait 30 s
+        finally:
+            after_task_publish.disconnect(note)
+    assert published.count("due") == 1
+    assert row("from-settings").task == "jobs.cleanup_messages", "upserted before the loop waits"
+    writes = [i for i, sql in enumerate(queries) if sql in queries.writes()]
+    assert writes and sent_after and sent_after[0] <= writes[0], "a write came before the first publish"
+
+
 def test_the_leader_runs_each_kind_of_task_with_its_options(
     make_scheduler, published: Published, redis_server: RedisServer
 ) -> None:
     """Interval, crontab, solar and clocked one-off tasks load with options; disabled, expired, broken never run."""
     from django.utils import timezone
-    from django_celery_beat.clockedschedule import clocked
     from django_celery_beat.models import (
         CrontabSchedule,
         IntervalSchedule,
@@ -135,7 +163,8 @@ def test_the_leader_runs_each_kind_of_task_with_its_options(
     loaded = dict(scheduler.schedule)
     assert isinstance(loaded["hourly"].schedule, schedules.crontab)
     assert isinstance(loaded["at-sunset"].schedule, schedules.solar)
-    assert isinstance(loaded["once"].schedule, clocked)
+    # The clocked one-off was due: it ran in that first pass and was disabled right after.
+    assert published.count("once") == 1 and not row("once").enabled
     assert "disabled" not in loaded and "broken" not in loaded
     pump(scheduler, lambda: published.count("with-options") >= 2 and published.count("once") == 1)
     if HOST_2_8:
@@ -247,13 +276,23 @@ def test_a_one_off_runs_once_when_its_leader_dies_right_after_publishing_it(
     make_scheduler, published: Published
 ) -> None:
     """The leader publishes a one-off and crashes before writing its row; the next leader never sends it again."""
+    from celery.signals import after_task_publish
+
     interval_task("canary", 1)
     old = make_scheduler()
     lead(old)
     pump(old, lambda: published.count("canary") >= 2)  # past the first sync
-    one_off_task("launch")
-    pump(old, lambda: published.count("launch") == 1)
-    crash(old)
+
+    def crash_once_sent(headers=None, **kwargs) -> None:
+        if (headers or {}).get("zkbeat-entry") == "launch":
+            crash(old)  # before the pass ends, where the leader would disable the row
+
+    after_task_publish.connect(crash_once_sent, weak=False)
+    try:
+        one_off_task("launch")
+        pump(old, lambda: published.count("launch") == 1)
+    finally:
+        after_task_publish.disconnect(crash_once_sent)
     launch = row("launch")
     assert launch.enabled and launch.total_run_count == 0 and launch.last_run_at is None
 
@@ -308,7 +347,7 @@ def test_a_run_now_of_a_one_off_row_leaves_its_scheduled_run(make_scheduler, pub
     """`zkbeat trigger` on a one-off clocked a few seconds ahead: the manual run goes out, and so does its own."""
     from django.utils import timezone
 
-    from zkbeat import controls
+    from zkbeat.ledger import controls
 
     interval_task("canary", 1)
     scheduler = make_scheduler()

@@ -206,7 +206,7 @@ def test_the_probes_answer_on_a_real_replica(
         check = compose()["services"]["beat"]["healthcheck"]["test"]
         assert check[0] == "CMD"
         result = subprocess.run(
-            [sys.executable, "-m", "zkbeat.cli", *check[2:]] if check[1] == "zkbeat" else check[1:],
+            [sys.executable, "-m", "zkbeat.ops.cli", *check[2:]] if check[1] == "zkbeat" else check[1:],
             cwd=EXAMPLE_PROJECT,
             env={**os.environ, **env, "PYTHONPATH": f"{EXAMPLE_PROJECT}{os.pathsep}{ROOT}"},
             capture_output=True,

@@ -29,7 +29,7 @@ from celery.schedules import crontab
 
 from tests.support.helpers import Published
 from zkbeat import Scheduler
-from zkbeat.ticks import slot_after
+from zkbeat.ticking.ticks import delay_to_slot, slot_after
 
 ZONE = ZoneInfo("America/New_York")
 HOURS = 5
@@ -191,6 +191,41 @@ def test_slot_is_the_moment_celery_next_calls_the_tick_due(night: str) -> None:
     assert not wrong, f"{night}: " + "; ".join(wrong)
 
 
+@pytest.mark.parametrize("night", sorted(NIGHTS))
+def test_the_wait_after_a_run_ends_when_celery_next_calls_the_tick_due(night: str) -> None:
+    """The heap's wait after each run of the night never ends past the next due moment.
+
+    Before Celery 5.5 Celery's own wait is wall-clock time: across the
+    spring-forward jump it is an hour too long, and beat would wake past a
+    slot (and, for an hourly entry, past the next one too). Across the
+    fall-back change it is an hour short: an early wake only asks again.
+    """
+    start, _ = NIGHTS[night]
+    clock = Clock(start)
+    app = Celery("waits", set_as_current=False)
+    app.conf.timezone = str(ZONE)
+    end = start + timedelta(hours=HOURS)
+    wrong = []
+    for name, spec in entries(clock, app).items():
+        entry = beat.ScheduleEntry(name=name, task="zkbeat.test", schedule=spec["schedule"], app=app)
+        clock.utc = start
+        last_run, woken = clock(), None
+        while True:
+            # Every due moment here is on a whole minute (ticks and DST changes alike).
+            clock.advance(60)
+            while clock.utc < end and not spec["schedule"].is_due(last_run).is_due:
+                clock.advance(60)
+            if clock.utc >= end:
+                break
+            if woken is not None and woken > clock.utc:
+                wrong.append(f"{name} after {wall(last_run)}: due at {wall(clock.utc)}, woken at {wall(woken)}")
+            entry.last_run_at = last_run
+            is_due, next_time = spec["schedule"].is_due(last_run)
+            woken = clock.utc + timedelta(seconds=delay_to_slot(entry, is_due, next_time))
+            last_run = clock()
+    assert not wrong, f"{night}: " + "; ".join(wrong)
+
+
 PYTZ_WALLS = [
     # (zone, a time before the change, hours on the wall clock after it)
     ("America/New_York", datetime(2024, 3, 10, 0, 30), [1, 1.5, 2, 2.5, 3, 4]),
@@ -210,7 +245,7 @@ def test_the_first_instant_of_a_wall_time_is_the_same_with_pytz_and_zoneinfo(zon
     """
     import pytz
 
-    from zkbeat.ticks import _first_instant_at
+    from zkbeat.ticking.ticks import _first_instant_at
 
     pytz_start = pytz.timezone(zone).localize(start)
     zoneinfo_start = start.replace(tzinfo=ZoneInfo(zone))

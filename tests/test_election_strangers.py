@@ -20,7 +20,7 @@ from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions
 from tests.support.helpers import wait_for
 from tests.support.processes import ROOT
 from tests.support.servers import ZooKeeperServer
-from zkbeat.election import LeaderElection
+from zkbeat.coordination.election import LeaderElection
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_strangers_of_both_kinds_around_real_candidates(
 
 def zkbeat(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "zkbeat.cli", *args],
+        [sys.executable, "-m", "zkbeat.ops.cli", *args],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,

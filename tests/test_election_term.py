@@ -14,7 +14,7 @@ from kazoo.retry import KazooRetry
 from tests.support.helpers import wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.servers import ZooKeeperServer
-from zkbeat.election import LeaderElection, candidate_sequence
+from zkbeat.coordination.election import LeaderElection, candidate_sequence
 
 
 class GatedClient(KazooClient):

@@ -22,7 +22,7 @@ from kazoo.client import KazooClient
 from tests.support.accounting import accounting
 from tests.support.faults import candidates, wait_until_watched
 from tests.support.helpers import wait_for
-from tests.support.netns import Network, available
+from tests.support.netns import HUB_ADDRESS, Network, available
 from tests.support.processes import ROOT, Cluster, Publish, Replica
 from tests.support.servers import RedisServer, ZooKeeperServer
 
@@ -53,15 +53,17 @@ class HostReplica(Replica):
 
 @pytest.fixture
 def hosts(
-    zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path
+    request: pytest.FixtureRequest, zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path
 ) -> Iterator[tuple[Network, Cluster]]:
+    """Three hosts; ``indirect`` param "port-less" gives them ``zkbeat_hosts`` without a port (kazoo's 2181)."""
     reason = available()
     if reason is not None:
         pytest.fail(f"host-loss tests need network namespaces: {reason}")
     network = Network(tmp_path, zk_server.port, redis_server.port, hosts=3).start()
+    port_less = getattr(request, "param", None) == "port-less"
     cluster = Cluster(
         0,
-        zk_hosts=network.zk_hosts,
+        zk_hosts=HUB_ADDRESS if port_less else network.zk_hosts,
         broker=network.broker,
         record_url=network.record_url,
         root=zk_root,
@@ -123,16 +125,23 @@ def test_a_lost_host_is_replaced_at_the_session_timeout_not_earlier(
     assert report.twice == 0, report.details()
 
 
+@pytest.mark.parametrize("hosts", ["with port", "port-less"], indirect=True)
 def test_kill_9_on_another_host_is_seen_across_the_network(
     hosts: tuple[Network, Cluster], zk_client: KazooClient
 ) -> None:
-    """kill -9 of the leader in its namespace: the next host deletes its candidate at once, by the announced address."""
+    """kill -9 of the leader in its namespace: the next host deletes its candidate at once, by the announced address.
+
+    With port-less hosts too (``"10.200.0.1"``): the announced address is the
+    host's own, not a loopback that no other host reaches.
+    """
     network, cluster = hosts
     cluster.replicas[0].start()
     wait_for(lambda: cluster.publishes(), timeout=40, message=cluster.logs)
     for replica in cluster.replicas[1:]:
         replica.start()
     leader = leader_host(cluster, zk_client)
+    announced = candidates(zk_client, cluster.root)[0][1].get("liveness", {})
+    assert announced.get("host") == network.address(leader.host), announced
     wait_for(lambda: len([p for p in cluster.publishes() if p.pid == leader.pid]) >= 3, timeout=20)
     next_pid = candidates(zk_client, cluster.root)[1][1]["pid"]
     heir = next(r for r in cluster.replicas if r.pid == next_pid)

@@ -15,8 +15,8 @@ from kazoo.exceptions import ConnectionLoss
 from kombu.exceptions import OperationalError
 
 from tests.support.helpers import Published, every, lead, wait_for
-from zkbeat import publisher as publisher_module
-from zkbeat import term as term_module
+from zkbeat.leading import publisher as publisher_module
+from zkbeat.leading import term as term_module
 
 
 class RaisingSchedule(schedule):

@@ -17,8 +17,8 @@ from celery.signals import after_task_publish
 from tests.support.helpers import every, lead, wait_for
 from zkbeat import ConfigurationError
 from zkbeat.conf import read_settings
-from zkbeat.jitter import Jitter, offset
-from zkbeat.ticks import HEADER_SLOT, tick_slot
+from zkbeat.ticking.jitter import Jitter, offset
+from zkbeat.ticking.ticks import HEADER_SLOT, tick_slot
 
 SLOT = datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc)
 
@@ -112,7 +112,7 @@ def test_a_jitter_not_below_the_interval_is_logged_once_and_ignored(caplog: pyte
     """An entry whose jitter is not below its interval runs without jitter, and says so in one log line."""
     jitter = Jitter("/zkbeat/proj", 0)
     wide = entry("wide", timedelta(seconds=10), {"zkbeat_jitter": 10})
-    with caplog.at_level(logging.WARNING, logger="zkbeat.jitter"):
+    with caplog.at_level(logging.WARNING, logger="zkbeat.ticking.jitter"):
         assert [jitter.offset_for(wide, SLOT + timedelta(seconds=10 * i)) for i in range(5)] == [0.0] * 5
     lines = [r.getMessage() for r in caplog.records if "wide" in r.getMessage()]
     assert len(lines) == 1 and "zkbeat_jitter of 10s is not below its period of 10s" in lines[0], lines
@@ -123,7 +123,7 @@ def test_the_setting_too_is_ignored_for_an_entry_whose_interval_is_shorter(caplo
     jitter = Jitter("/zkbeat/proj", 30)
     hourly, quick = entry("hourly", timedelta(hours=1)), entry("quick", timedelta(seconds=10))
     assert jitter.offset_for(hourly, SLOT) == offset("/zkbeat/proj", "hourly", SLOT, 30)
-    with caplog.at_level(logging.WARNING, logger="zkbeat.jitter"):
+    with caplog.at_level(logging.WARNING, logger="zkbeat.ticking.jitter"):
         assert jitter.offset_for(quick, SLOT) == jitter.offset_for(quick, SLOT) == 0.0
     assert sum("quick" in r.getMessage() for r in caplog.records) == 1
 
@@ -137,7 +137,7 @@ def test_a_crontab_is_measured_by_the_gap_to_its_next_run(caplog: pytest.LogCapt
     assert 0 <= Jitter("/r", 0).offset_for(ok, slot) < 30
     assert Jitter("/r", 0).offset_for(ok, slot) == offset("/r", "ok", slot, 30)
     jitter = Jitter("/r", 0)
-    with caplog.at_level(logging.WARNING, logger="zkbeat.jitter"):
+    with caplog.at_level(logging.WARNING, logger="zkbeat.ticking.jitter"):
         assert jitter.offset_for(wide, slot) == jitter.offset_for(wide, slot) == 0.0
     assert sum("wide" in r.getMessage() and "not below" in r.getMessage() for r in caplog.records) == 1
 
@@ -146,7 +146,7 @@ def test_a_bad_entry_option_is_logged_once_and_the_setting_used(caplog: pytest.L
     """options={'zkbeat_jitter': 'soon'} logs one line naming the entry, option and value; zkbeat_jitter applies."""
     jitter = Jitter("/zkbeat/proj", 20)
     bad = entry("bad", timedelta(hours=1), {"zkbeat_jitter": "soon"})
-    with caplog.at_level(logging.WARNING, logger="zkbeat.jitter"):
+    with caplog.at_level(logging.WARNING, logger="zkbeat.ticking.jitter"):
         first, second = jitter.offset_for(bad, SLOT), jitter.offset_for(bad, SLOT)
     assert first == second == offset("/zkbeat/proj", "bad", SLOT, 20)
     lines = [r.getMessage() for r in caplog.records]

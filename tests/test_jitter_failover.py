@@ -1,7 +1,7 @@
 """Jitter under real failovers: three ``celery beat`` replicas, kill -9 of the leader twice.
 
 Every leader must hold each slot back to slot + offset(root, entry, slot), the
-offset that zkbeat.jitter computes alike on every replica. What is checked
+offset that zkbeat.ticking.jitter computes alike on every replica. What is checked
 is what the broker side received (tests/support/received.py: each message
 taken off the queue, with its nominal ``zkbeat-slot`` header and the moment
 it was there), plus the accounting of what the replicas published.
@@ -23,8 +23,8 @@ from tests.support.helpers import wait_for
 from tests.support.processes import Cluster, Publish, Replica
 from tests.support.received import Message, QueueReader
 from tests.support.servers import RedisServer
-from zkbeat.jitter import offset
-from zkbeat.ledger import Ledger
+from zkbeat.ledger.store import Ledger
+from zkbeat.ticking.jitter import offset
 
 pytestmark = pytest.mark.processes
 

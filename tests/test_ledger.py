@@ -19,7 +19,7 @@ from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpir
 from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperServer, expire_session, expire_session_quietly
 from zkbeat.exceptions import ClaimConflictError, FencedError
-from zkbeat.ledger import ABSENT, Claim, EntryState, Ledger, LedgerRecord, encode_state
+from zkbeat.ledger.store import ABSENT, Claim, EntryState, Ledger, LedgerRecord, encode_state
 
 BASE = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -173,7 +173,7 @@ def test_claim_without_candidate_is_fenced(zk_client: KazooClient, ledger: Ledge
     result = ledger.claim([Claim("existing", state(2), 0), Claim("new", state(3))], fence)
 
     assert isinstance(result.error, FencedError)
-    assert fence in str(result.error)
+    assert "candidate (epoch 1) is gone" in str(result.error)  # named by its epoch, not its znode
     assert result.committed == {}
     assert ledger.load() == before
     assert read_back(zk_client, ledger, "new") is None
@@ -291,7 +291,7 @@ def test_unreadable_entry_is_logged_and_loads_as_no_state(
     bad_path = ledger.entry_path("bad")
     zk_client.create(bad_path, b"placeholder")
     zk_client.set(bad_path, garbage)  # version 1
-    caplog.set_level(logging.WARNING, logger="zkbeat.ledger")
+    caplog.set_level(logging.WARNING, logger="zkbeat.ledger.store")
 
     loaded = ledger.load()
 
@@ -300,7 +300,7 @@ def test_unreadable_entry_is_logged_and_loads_as_no_state(
         "good-2": LedgerRecord(state(2), 0),
         "bad": LedgerRecord(None, 1),
     }
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "zkbeat.ledger"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "zkbeat.ledger.store"]
     assert [bad_path in r.getMessage() for r in warnings] == [True], [r.getMessage() for r in warnings]
     assert ledger.load(["bad"]) == {"bad": LedgerRecord(None, 1)}
 

@@ -13,8 +13,8 @@ from kazoo.client import KazooClient
 
 from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperServer
-from zkbeat.candidates import CandidateReader
-from zkbeat.liveness import (
+from zkbeat.coordination.candidates import CandidateReader
+from zkbeat.coordination.liveness import (
     ALIVE,
     GONE,
     MAX_CONNECTIONS,
@@ -26,7 +26,7 @@ from zkbeat.liveness import (
     dial,
     local_address,
 )
-from zkbeat.watchdog import Watchdog
+from zkbeat.leading.watchdog import Watchdog
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_a_watcher_deletes_the_candidate_of_a_closed_beacon(
     zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """When the predecessor's beacon closes and a re-dial is refused, the watcher deletes that exact candidate."""
-    caplog.set_level(logging.DEBUG, logger="zkbeat.liveness")
+    caplog.set_level(logging.DEBUG, logger="zkbeat.coordination.liveness")
     path = f"{zk_root}/v1/election"
     victim = Beacon("127.0.0.1").start()
     owner, node = _candidate(zk_server, path, victim)
@@ -193,6 +193,27 @@ def test_the_watchdog_steps_down_once_per_stalled_pass_and_resumes_when_the_loop
     assert not dog.check()
 
 
+def test_a_long_pass_that_reports_progress_is_timed_stage_by_stage() -> None:
+    """progressed() restarts the stall clock of the caller's own pass only; a stage past the timeout still fires."""
+    now = [0.0]
+    calls: list[str] = []
+    dog = Watchdog(10.0, lambda: calls.append("down"), lambda: calls.append("resume"), clock=lambda: now[0])
+    dog.progressed()  # outside a pass: nothing to restart, and no pass begins
+    now[0] = 50.0
+    assert not dog.check()
+    dog.entered()
+    now[0] = 58.0
+    dog.progressed()  # a stage (a takeover's read) finished 8 s in
+    now[0] = 66.0
+    assert not dog.check(), "16 s into the pass, 8 s into its stage"
+    other = threading.Thread(target=dog.progressed)
+    other.start()
+    other.join()
+    now[0] = 68.5
+    assert dog.check(), "another thread's progress is not this pass's"
+    assert calls == ["down"]
+
+
 def test_the_watchdog_logs_the_stuck_threads_stack(caplog: pytest.LogCaptureFixture) -> None:
     """The step-down log names the stall and shows where the stuck thread is."""
     now = [0.0]
@@ -209,7 +230,7 @@ def test_the_watchdog_logs_the_stuck_threads_stack(caplog: pytest.LogCaptureFixt
     thread.start()
     entered.wait(5)
     now[0] = 20.0
-    with caplog.at_level("ERROR", logger="zkbeat.watchdog"):
+    with caplog.at_level("ERROR", logger="zkbeat.leading.watchdog"):
         assert dog.check()
     release.set()
     thread.join()
@@ -261,7 +282,7 @@ def test_beats_redis_connection_gets_publish_timeouts_only_where_the_user_set_no
     """Beat's own Redis connection gets socket timeouts; the app's settings and the user's own values are kept."""
     from celery import Celery
 
-    from zkbeat.broker import PUBLISH_TIMEOUTS, beat_connection
+    from zkbeat.leading.broker import PUBLISH_TIMEOUTS, beat_connection
 
     app = Celery("t", broker="redis://127.0.0.1:1/0")
     connection = beat_connection(app)

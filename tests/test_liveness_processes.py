@@ -275,3 +275,32 @@ def test_the_leader_survives_hostile_connections_to_its_socket(
     wait_for(lambda: len(publishes_by(cluster, follower.pid)) >= 3, timeout=20)
     report = accounting(cluster, zk_client, kills=[(leader.pid, killed_at)])
     assert_clean(report, cluster)
+
+
+def test_a_handover_logs_one_line_at_the_level_it_deserves(
+    make_cluster: MakeCluster, zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str
+) -> None:
+    """SIGTERM: the successor logs no liveness WARNING; kill -9: one WARNING, and no 'its session decides' after it."""
+    cluster = make_cluster(3, zk_server).start()
+    wait_for(lambda: cluster.publishes(), timeout=30, message=cluster.logs)
+    wait_for(lambda: len(line_pids(zk_client, zk_root)) == 3, timeout=30, message=cluster.logs)
+    leader_pid, next_pid, last_pid = line_pids(zk_client, zk_root)
+    heir, last = by_pid(cluster, next_pid), by_pid(cluster, last_pid)
+    wait_until_watched(zk_client, zk_root, leader_pid, heir.log)
+    stopped_at = time.time()
+    by_pid(cluster, leader_pid).signal(signal.SIGTERM)
+    new_leader(cluster, leader_pid, stopped_at, timeout=TAKEOVER)
+    wait_for(lambda: len(publishes_by(cluster, next_pid)) >= 3, timeout=20, message=cluster.logs)
+    liveness_warnings = [line for line in heir.log().splitlines() if "WARNING" in line and "liveness" in line]
+    assert liveness_warnings == [], "a graceful stop is no warning"
+    wait_until_watched(zk_client, zk_root, next_pid, last.log)
+    killed_at = time.time()
+    heir.signal(signal.SIGKILL)
+    new_leader(cluster, next_pid, killed_at, timeout=TAKEOVER)
+    wait_for(lambda: GONE_LINE in last.log(), timeout=10, message=last.log)
+    wait_for(lambda: len(publishes_by(cluster, last_pid)) >= 3, timeout=20, message=cluster.logs)
+    warnings = [line for line in last.log().splitlines() if "WARNING" in line and "liveness" in line]
+    assert len(warnings) == 1 and GONE_LINE in warnings[0], warnings
+    assert "its session decides" not in last.log()
+    report = accounting(cluster, zk_client, kills=[(next_pid, killed_at)])
+    assert_clean(report, cluster)

@@ -96,3 +96,38 @@ def test_metrics_port_without_prometheus_client_names_the_setting(monkeypatch: p
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(ConfigurationError, match="zkbeat_metrics_port.*zkbeat\\[metrics\\]"):
         Scheduler(make_app("127.0.0.1:2181", "memory://", "/x", free_port()), lazy=True)
+
+
+class _NeverLoaded(Scheduler):
+    """A host scheduler whose schedule never loads (a DatabaseScheduler whose database is down)."""
+
+    def schedule_loaded(self) -> bool:
+        return False
+
+
+def test_a_leader_whose_schedule_has_not_loaded_is_not_leader_in_metrics_or_healthz(
+    zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str
+) -> None:
+    """zkbeat_is_leader and /healthz's is_leader follow the announcement `zkbeat health` counts: a replica that
+    holds the lead while its schedule has not loaded is not announced and says 0 and false, so ZkbeatNoLeader
+    (max is_leader == 0) fires while each replica in turn holds the lead without a schedule."""
+    from tests.test_cli import zkbeat
+
+    port = free_port()
+    app = make_app(zk_server.hosts, redis_server.url, zk_root, port)
+    app.conf.update(zkbeat_identity="unloaded", zkbeat_stall_timeout=120)
+    scheduler = _NeverLoaded(app)
+    scheduler.wait_in_tick = False
+    try:
+        assert scheduler.election.wait_for_leadership(timeout=15)
+        for _ in range(3):
+            scheduler.tick()
+        health = zkbeat("--hosts", zk_server.hosts, "--root", zk_root, "health")
+        assert health.returncode != 0, health.stdout  # not announced: the cluster has no leader
+        _, text = get(port, "/metrics")
+        _, body = get(port, "/healthz")
+        assert metric(text, 'zkbeat_is_leader{identity="unloaded"}') == 0
+        assert metric(text, "zkbeat_leadership_changes_total") == 0
+        assert json.loads(body)["is_leader"] is False, body
+    finally:
+        scheduler.close()

@@ -7,9 +7,9 @@ from datetime import datetime, timezone
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, UnimplementedError
 
-from zkbeat import ledger as ledger_module
-from zkbeat._multiread import CHUNK, read_many
-from zkbeat.ledger import Claim, EntryState, Ledger
+from zkbeat.coordination._multiread import CHUNK, read_many
+from zkbeat.ledger import store as ledger_module
+from zkbeat.ledger.store import Claim, EntryState, Ledger
 
 
 def test_read_many_returns_data_and_errors_in_order(zk_client, zk_root):

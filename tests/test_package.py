@@ -151,6 +151,12 @@ def test_sdist_and_wheel_hold_the_package_license_and_no_tests(installed: Instal
     with zipfile.ZipFile(wheel) as archive:
         wheel_names = archive.namelist()
     assert any(name.endswith("licenses/LICENSE") for name in wheel_names)
+    # The dashboard's page is package data: without it `zkbeat dashboard` serves nothing.
+    static = {f"zkbeat/ops/dashboard/static/{name}" for name in ("index.html", "app.js", "app.css")}
+    assert static <= set(wheel_names) and static <= names
+    # So is the Django admin app's cluster page template.
+    template = "zkbeat/contrib/admin/templates/admin/zkbeat_admin/cluster.html"
+    assert template in wheel_names and template in names
     assert not [name for name in wheel_names if name.startswith("tests/")]
 
 

@@ -283,7 +283,7 @@ def _raised_under(*frames: str) -> BaseException:
 
 def test_only_the_confirm_wait_of_the_publish_itself_is_an_answer_wait() -> None:
     """py-amqp: a reset in the confirm wait may have lost only the ack; one in confirm_select sent no message."""
-    from zkbeat.broker import may_have_arrived
+    from zkbeat.leading.broker import may_have_arrived
 
     confirm_wait = _raised_under("basic_publish_confirm", "wait", "drain_events", "read_frame")
     confirm_select = _raised_under("basic_publish_confirm", "confirm_select", "send_method", "wait", "read_frame")

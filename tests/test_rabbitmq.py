@@ -25,7 +25,7 @@ from kombu import Connection, Exchange, Queue
 
 from tests.support.brokers import RabbitBroker
 from tests.support.helpers import Published, every, lead, wait_for
-from zkbeat.publisher import HAS_CONFIRM_TIMEOUT
+from zkbeat.leading.publisher import HAS_CONFIRM_TIMEOUT
 
 CONFIRMS = {"broker_transport_options": {"confirm_publish": True}}
 needs_confirm_timeout = pytest.mark.skipif(
@@ -167,7 +167,7 @@ def test_a_nack_arrives_wrapped_and_is_not_taken_for_an_outage(rabbit: RabbitBro
     from celery import Celery
     from kombu.exceptions import OperationalError
 
-    from zkbeat.broker import _chain, is_broker_error
+    from zkbeat.leading.broker import _chain, is_broker_error
 
     declare_full_queue(rabbit)
     app = Celery("nack", set_as_current=False)

@@ -15,8 +15,8 @@ from kazoo.exceptions import ConnectionLoss
 from tests.support.helpers import Published, every, fail_next_claim, lead, wait_for
 from tests.support.servers import RedisServer, ZooKeeperServer, expire_session_quietly
 from zkbeat import ConfigurationError, Scheduler
-from zkbeat.election import LeaderElection
-from zkbeat.ledger import Claim, EntryState, Ledger
+from zkbeat.coordination.election import LeaderElection
+from zkbeat.ledger.store import Claim, EntryState, Ledger
 from zkbeat.scheduler import task_id_for, tick_slot
 
 
@@ -287,3 +287,29 @@ def test_a_claim_lost_before_commit_is_claimed_again(
     slots = [h["zkbeat-slot"] for h in published.headers]
     assert len(slots) == len(set(slots))
     assert scheduler.ledger.load(["tidy"])["tidy"].state.total_run_count == len(slots)
+
+
+def test_each_entry_of_a_burst_goes_back_on_the_heap_by_when_it_was_due(make_scheduler) -> None:
+    """An entry sent early in a long batch is placed its interval after the pass looked, not after the last send."""
+    import time
+
+    from celery.signals import after_task_publish
+
+    due = datetime.now(timezone.utc) - timedelta(seconds=61)
+    names = [f"burst-{i:03d}" for i in range(300)]
+    scheduler = make_scheduler({name: every(60, last_run_at=due) for name in names})
+    lead(scheduler)
+    sent: dict[str, float] = {}
+
+    def note(headers=None, **kwargs) -> None:
+        sent[(headers or {}).get("zkbeat-entry")] = time.time()
+
+    after_task_publish.connect(note, weak=False)
+    try:
+        wait_for(lambda: scheduler.tick() is not None and len(sent) == len(names), timeout=30)
+    finally:
+        after_task_publish.disconnect(note)
+    placed = {event[2].name: event[0] for event in scheduler._heap}
+    # Due again 60 s after it ran; the heap may look earlier (is_due decides), never later.
+    late = {name: placed[name] - (sent[name] + 60) for name in names if placed[name] > sent[name] + 60}
+    assert not late, f"{len(late)} entries placed after they are due, by up to {max(late.values()):.3f} s"

@@ -199,7 +199,7 @@ def test_confirm_timeout_on_a_celery_that_ignores_it_is_warned_once(
     make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Celery < 5.5 drops confirm_timeout: the entry still runs, and the log says once what bounds its wait."""
-    from zkbeat import publisher
+    from zkbeat.leading import publisher
 
     monkeypatch.setattr(publisher, "HAS_CONFIRM_TIMEOUT", False)  # as on Celery 5.3 and 5.4
     monkeypatch.setattr(publisher, "_warned_confirm_timeout", set())

@@ -22,9 +22,9 @@ from tests.support.helpers import Published, every, wait_for
 from tests.support.processes import Cluster
 from tests.support.servers import RedisServer, ZooKeeperServer
 from zkbeat import LeaderElection, Scheduler
-from zkbeat import scheduler as scheduler_module
-from zkbeat.clock import measure_skew
-from zkbeat.peers import LAYOUT, schedule_hash
+from zkbeat.coordination.peers import LAYOUT, schedule_hash
+from zkbeat.leading import leadership
+from zkbeat.ledger.clock import measure_skew
 
 
 def own_candidate(client: KazooClient, scheduler: Scheduler) -> dict:
@@ -55,7 +55,7 @@ def test_a_newer_layout_directory_makes_a_replica_refuse_to_lead(
     make_scheduler, zk_client: KazooClient, zk_root: str, published: Published, caplog, monkeypatch
 ) -> None:
     """With a newer <root>/v<N> the elected replica publishes and records nothing, says why, leads once it is gone."""
-    monkeypatch.setattr(scheduler_module, "LAYOUT_RECHECK", 1.0)
+    monkeypatch.setattr(leadership, "LAYOUT_RECHECK", 1.0)
     newer = f"v{LAYOUT + 1}"
     zk_client.ensure_path(f"{zk_root}/{newer}/entries")
     scheduler = make_scheduler({"tidy": every(0.2)})

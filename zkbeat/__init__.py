@@ -6,7 +6,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from .election import LeaderElection  # noqa: E402
+from .coordination.election import LeaderElection  # noqa: E402
 from .exceptions import (  # noqa: E402
     ClaimConflictError,
     ConfigurationError,

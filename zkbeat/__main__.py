@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cli import main
+from .ops.cli import main
 
 if __name__ == "__main__":
     main(prog_name="zkbeat")

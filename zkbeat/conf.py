@@ -8,12 +8,13 @@ that names the setting and the value, never later inside the beat loop.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
@@ -21,18 +22,48 @@ from kazoo.hosts import collect_hosts
 
 from .exceptions import ConfigurationError
 
-__all__ = ["Settings", "DEFAULT_HOSTS", "DEFAULT_SESSION_TIMEOUT", "DEFAULT_STALL_TIMEOUT", "read_settings"]
+__all__ = [
+    "Settings",
+    "DEFAULT_HOSTS",
+    "DEFAULT_SESSION_TIMEOUT",
+    "DEFAULT_STALL_TIMEOUT",
+    "DEFAULT_BROKER_HANDOVER_TIMEOUT",
+    "MAX_SHARDS",
+    "read_settings",
+    "setting_names",
+    "unknown_settings",
+]
 
 DEFAULT_HOSTS = "127.0.0.1:2181"
 DEFAULT_SESSION_TIMEOUT = 10.0
 #: Seconds a leader's pass may run before the watchdog steps it down. The
 #: longest legitimate pass is about 7 s: kombu's broker wait (5 s at most,
-#: zkbeat.publisher.BROKER_WAIT), a 1,000-entry batch (~0.9 s of publishes and one
+#: zkbeat.leading.publisher.BROKER_WAIT), a 1,000-entry batch (~0.9 s of publishes and one
 #: ledger transaction) and a takeover's ledger load (~0.2 s for 10,000
 #: entries); 30 s leaves four times that for a loaded host.
 DEFAULT_STALL_TIMEOUT = 30.0
-#: The stall timeout must exceed the broker wait of one pass (zkbeat.publisher.BROKER_WAIT).
+#: The stall timeout must exceed the broker wait of one pass (zkbeat.leading.publisher.BROKER_WAIT).
 MIN_STALL_TIMEOUT = 5.0
+#: Seconds a leader may fail to reach the broker before it asks a replica that
+#: can to take over (zkbeat.coordination.broker_handover). Longer than one publish that
+#: waits out Redis's 10 s reply timeout (zkbeat.leading.broker.PUBLISH_TIMEOUTS) and
+#: the reconnect after it, so one slow reply or a broker restart never moves
+#: leadership; as long as a lost ZooKeeper session takes with the default
+#: timeout (10 s, plus tickTime buckets), so a leader cut off from the
+#: broker is replaced about as soon as one cut off from ZooKeeper; and well
+#: under the 30 s stall timeout.
+DEFAULT_BROKER_HANDOVER_TIMEOUT = 15.0
+#: Most shards a root may be split into (docs/sharding.md): each is one election
+#: every replica joins, so a shard costs every replica a candidate, a watch and
+#: about 3 threads (64 shards: about 200 threads in every replica).
+MAX_SHARDS = 64
+#: Largest ``zkbeat_catchup_limit``: catch-up ``all`` counts up to this many
+#: missed slots of one entry (a bounded amount per pass, zkbeat.ticking.catchup), and
+#: a backlog larger than this is better skipped than replayed.
+MAX_CATCHUP_LIMIT = 10_000
+#: Most runs an entry's ledger znode keeps (``zkbeat_recent_runs``, zkbeat.ledger.history): ZooKeeper
+#: holds every znode in memory and logs every write, so it is not a history store.
+MAX_RECENT_RUNS = 10
 #: kazoo's own reconnect back-off doubles up to a minute; after a ZooKeeper
 #: outage a replica would then idle for tens of seconds with ZooKeeper back.
 RECONNECT_MAX_DELAY = 1.0
@@ -86,7 +117,7 @@ class Settings:
     identity: str = _setting(
         "",
         shown="``<hostname>:<pid>``",
-        help="Shown in logs, ``zkbeat status`` and candidate data.",
+        help="Shown in logs, ``zkbeat status`` and candidate data; printable characters only.",
     )
     misfire_grace_time: float | None = _setting(
         None,
@@ -108,7 +139,9 @@ class Settings:
         100,
         shown="``100``",
         help="Most missed slots the ``all`` catch-up publishes for one entry; past it none of them is, the "
-        "entry goes on from its next slot, and the log says how many were missed (as Kubernetes CronJobs do).",
+        "entry goes on from its next slot, and the log says how many were missed (as Kubernetes CronJobs do). "
+        "At most 10,000: the missed slots are counted when a backlog is found, a bounded number per pass of "
+        "the leader's loop (an entry waits for its count while the others run).",
     )
     jitter: float = _setting(
         0.0,
@@ -119,11 +152,21 @@ class Settings:
         "whose interval (a crontab's gap to its next run) is not longer than the jitter runs without it (logged "
         "once). Per entry: ``options={'zkbeat_jitter': 30}`` (removed before publish).",
     )
+    recent_runs: int = _setting(
+        MAX_RECENT_RUNS,
+        shown="``10``",
+        help="Runs of each entry its ledger znode keeps (slot, publish time, replica, epoch, kind) for ``zkbeat "
+        "history`` and the dashboard, written by the claim that records each run (no ZooKeeper write of their "
+        "own): 0 to 10, about 67 bytes a run. Each publish writes them to ZooKeeper's log with the entry "
+        "(about 850 bytes with 10, 180 with none), and a new leader reads them all: 0 keeps none (an entry's "
+        "next claim drops its list), for schedules of many thousands of entries or a small ZooKeeper heap.",
+    )
     auth: tuple[tuple[str, str], ...] = _setting(
         (),
         shown="``None``",
-        help="E.g. ``[('digest', 'user:secret')]``; znodes are created with an ACL for that identity, "
-        "and the secret is never shown.",
+        help="E.g. ``[('digest', 'user:secret')]``; znodes are created with an ACL that grants each digest "
+        "identity listed every permission, and nobody else; the secret is never shown. To rotate it, list both "
+        "credentials for a while (see Operating: rotating ``zkbeat_auth``).",
     )
     use_ssl: bool = _setting(
         False,
@@ -175,7 +218,24 @@ class Settings:
         shown="``30.0``",
         help="Seconds a leader's pass of the beat loop may take (a publish to a black-holed broker, a hung "
         "query, a deadlock) before the replica steps down and lets another lead; it contends again once its "
-        "loop turns. Must exceed the longest legitimate pass (kombu's broker wait of 5 s, a 1,000-entry batch).",
+        "loop turns. Must exceed the longest legitimate pass (kombu's broker wait of 5 s, a 1,000-entry batch). "
+        "Also how long a new leader whose schedule has not loaded (a DatabaseScheduler that cannot read its "
+        "database) holds the lead before it steps aside for 30 s.",
+    )
+    broker_handover_timeout: float = _setting(
+        DEFAULT_BROKER_HANDOVER_TIMEOUT,
+        shown="``15.0``",
+        help="Seconds a leader may fail to reach the broker (counted from the start of the publish or connection "
+        "that failed) before it asks the other replicas to take over; the next in line that reaches the broker "
+        "does. In a broker outage nobody does, and leadership stays put. Longer than one publish's 10 s wait for "
+        "Redis's answer, so one slow reply never moves leadership. ``0`` never hands over for the broker.",
+    )
+    shards: int = _setting(
+        1,
+        shown="``1``",
+        help="Shards the schedule is split into (1 to 64): each entry belongs to one shard by a stable hash of "
+        "the root and its name, each shard has its own election, and the replicas share the shards' leadership "
+        "(docs/sharding.md). ``1`` is one leader for everything. Change it by a rolling restart.",
     )
 
     def __repr__(self) -> str:
@@ -218,6 +278,7 @@ def read_settings(
         catchup=parse_catchup("zkbeat_catchup", _or_default(get("zkbeat_catchup"), "once")),
         catchup_limit=_parse_catchup_limit(get("zkbeat_catchup_limit")),
         jitter=parse_jitter("zkbeat_jitter", get("zkbeat_jitter")),
+        recent_runs=_parse_recent_runs(get("zkbeat_recent_runs")),
         auth=_parse_auth(get("zkbeat_auth")),
         use_ssl=use_ssl,
         ssl_ca=_parse_file("zkbeat_ssl_ca", get("zkbeat_ssl_ca")),
@@ -228,7 +289,59 @@ def read_settings(
         liveness=_parse_bool("zkbeat_liveness", get("zkbeat_liveness"), default=True),
         liveness_address=parse_liveness_address("zkbeat_liveness_address", get("zkbeat_liveness_address")),
         stall_timeout=parse_stall_timeout("zkbeat_stall_timeout", get("zkbeat_stall_timeout")),
+        broker_handover_timeout=parse_broker_handover_timeout(
+            "zkbeat_broker_handover_timeout", get("zkbeat_broker_handover_timeout")
+        ),
+        shards=parse_shards("zkbeat_shards", get("zkbeat_shards")),
     )
+
+
+def setting_names() -> tuple[str, ...]:
+    """Every setting zkbeat reads, as ``app.conf`` names it (``zkbeat_hosts``, ...)."""
+    return tuple(f"zkbeat_{each.name}" for each in fields(Settings))
+
+
+#: A key that looks meant for zkbeat, in any spelling Celery or Django might hold it.
+_LOOKS_LIKE_OURS = re.compile(r"^(celery_)?zkbeat_", re.IGNORECASE)
+
+
+def unknown_settings(conf: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """Keys of ``conf`` that look like zkbeat settings but that zkbeat never reads, each with the closest one it does.
+
+    A typo (``zkbeat_sesion_timeout``) is otherwise silently ignored. A key is
+    read if ``conf.get`` of a setting's name resolves to it: the name itself,
+    and under a Celery namespace (Django's ``CELERY``) also ``CELERY_ZKBEAT_*``.
+    The suggestion is spelled as the key is (``CELERY_ZKBEAT_...`` for an
+    upper-case one where that spelling is read), or None when nothing is close.
+    """
+    names = setting_names()
+    conf.get(names[0])  # a Celery app's conf learns its namespace when it is first read
+    read = {name: _keys_read(conf, name) for name in names}
+    known = {key for keys in read.values() for key in keys}
+    found = []
+    for key in list(conf.keys()):
+        if not isinstance(key, str) or key in known or not _LOOKS_LIKE_OURS.match(key):
+            continue
+        wanted = key.lower()
+        wanted = wanted[len("celery_") :] if wanted.startswith("celery_") else wanted
+        close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.6)
+        suggestion = None
+        if close:
+            spellings = read[close[0]]
+            suggestion = next((s for s in spellings if s.isupper() == key.isupper()), spellings[0])
+        found.append((key, suggestion))
+    return sorted(found)
+
+
+def _keys_read(conf: Mapping[str, Any], name: str) -> tuple[str, ...]:
+    """The keys ``conf.get(name)`` looks up: Celery's namespaced Settings try ``CELERY_<NAME>`` first."""
+    to_keys = getattr(conf, "_to_keys", None)
+    if to_keys is None:
+        return (name,)
+    try:
+        return tuple(to_keys(name))
+    except Exception:  # noqa: BLE001 - a Celery without that helper: the name as written
+        return (name,)
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -295,7 +408,7 @@ def parse_misfire_grace_time(setting: str, value: Any) -> float | None:
     return seconds
 
 
-#: The catch-up policies (zkbeat.catchup).
+#: The catch-up policies (zkbeat.ticking.catchup).
 CATCHUP_POLICIES = ("once", "skip", "all")
 
 
@@ -309,9 +422,22 @@ def parse_catchup(setting: str, value: Any) -> str:
 def _parse_catchup_limit(value: Any) -> int:
     if value is None:
         return 100
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError("zkbeat_catchup_limit", value, "must be a whole number >= 1")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CATCHUP_LIMIT:
+        expected = f"must be a whole number from 1 to {MAX_CATCHUP_LIMIT:,}"
+        raise ConfigurationError("zkbeat_catchup_limit", value, expected)
     return value
+
+
+def parse_shards(setting: str, value: Any) -> int:
+    """A whole number from 1 to MAX_SHARDS (a whole-number string too: settings may come from the environment)."""
+    if value is None:
+        return 1
+    number = value
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= MAX_SHARDS:
+        raise ConfigurationError(setting, value, f"must be a whole number from 1 to {MAX_SHARDS}")
+    return number
 
 
 def parse_jitter(setting: str, value: Any) -> float:
@@ -324,6 +450,14 @@ def parse_jitter(setting: str, value: Any) -> float:
     if seconds < 0:
         raise ConfigurationError(setting, value, "must be a number of seconds >= 0 (0 = off)")
     return seconds
+
+
+def _parse_recent_runs(value: Any) -> int:
+    if value is None:
+        return MAX_RECENT_RUNS
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RECENT_RUNS:
+        raise ConfigurationError("zkbeat_recent_runs", value, f"must be a whole number from 0 to {MAX_RECENT_RUNS}")
+    return value
 
 
 def _parse_session_timeout(value: Any) -> float:
@@ -374,6 +508,10 @@ def _parse_identity(value: Any) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
     if not isinstance(value, str) or not value.strip():
         raise ConfigurationError("zkbeat_identity", value, "expected a non-empty string")
+    if not value.strip().isprintable():
+        # Logs, `zkbeat status` and every run in the ledger carry it: a control character garbles
+        # the first and is written as six bytes in the last.
+        raise ConfigurationError("zkbeat_identity", value, "expected printable characters (no control characters)")
     return value.strip()
 
 
@@ -420,6 +558,18 @@ def parse_stall_timeout(setting: str, value: Any) -> float:
             value,
             f"must be more than {MIN_STALL_TIMEOUT:g} s: a healthy pass may wait that long for the broker",
         )
+    return seconds
+
+
+def parse_broker_handover_timeout(setting: str, value: Any) -> float:
+    """Seconds >= 0 (0 = never hand over for the broker); unset is the default."""
+    if value is None:
+        return DEFAULT_BROKER_HANDOVER_TIMEOUT
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    seconds = _parse_number(setting, value, "a number of seconds > 0, or 0 to never hand over for the broker")
+    if seconds < 0:
+        raise ConfigurationError(setting, value, "must be a number of seconds > 0, or 0 to never hand over")
     return seconds
 
 

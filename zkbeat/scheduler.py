@@ -3,86 +3,74 @@
 ``Scheduler`` is that mixin on Celery's base scheduler, with the schedule taken
 from ``beat_schedule``. Celery's own heap and ``is_due`` decide what is due;
 the mixin decides whether this replica may publish it, and one
-:class:`~zkbeat.term.Term` per epoch of leadership records each tick in
+:class:`~zkbeat.leading.term.Term` per epoch of leadership records each tick in
 ZooKeeper before the message goes out. This module is the glue to Celery:
-lifecycle, the loop's error policy, and the batched scan of beat's heap.
+beat's hooks (``setup_schedule``, ``tick``, ``reserve``, ``populate_heap``,
+``schedules_equal``, ``close``, ``info``) and the hooks a host overrides;
+the leadership they drive is in zkbeat.leading.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
+import itertools
 import logging
-import os
-import socket
-import time
-from collections.abc import Iterator
-from datetime import datetime, timezone
+import operator
+import signal
+import threading
+import uuid
+from collections.abc import Iterable
 from typing import Any
 
+import click
 from celery import beat
 from kazoo.client import KazooClient
-from kazoo.exceptions import (
-    ConnectionClosedError,
-    ConnectionLoss,
-    KazooException,
-    SessionExpiredError,
-    ZookeeperError,
-)
-from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.states import KazooState
 from kombu.utils.objects import cached_property
 
-from . import __version__
-from ._signals import hold_shutdown_signals, inside_shutdown_handler
-from ._zookeeper import make_client
-from .broker import beat_connection
-from .clock import measure_skew
 from .conf import Settings, read_settings
-from .election import Fence, LeaderElection
-from .exceptions import FencedError
-from .jitter import Jitter
-from .ledger import LAYOUT_VERSION, EntryState, Ledger
-from .liveness import Beacon, Watcher, local_address
-from .metrics import Metrics
-from .peers import LAYOUT, PeerCheck, schedule_hash
-from .pending import PendingClaim, release
-from .term import RETRY_DELAY, SIGNAL_HOLD_LIMIT, Due, Requeue, Term
-from .ticks import task_id_for, tick_slot
-from .watchdog import Watchdog
+from .coordination.broker_handover import BrokerHandover
+from .coordination.election import Fence, LeaderElection
+from .coordination.liveness import Beacon, Watcher
+from .coordination.peers import PeerCheck
+from .coordination.shards import FairShare
+from .exceptions import ConfigurationError
+from .leading._signals import hold_shutdown_signals, shutdown_signal_handled
+from .leading.broker import beat_connection
+from .leading.heap_pass import HeapPass
+from .leading.leadership import ShardLeadership
+from .leading.replica import Replica
+from .leading.shard_state import ShardState, per_shard
+from .leading.sharded import ShardedLoop
+from .leading.term import SIGNAL_HOLD_LIMIT, Term
+from .leading.wakeup import Wakeup
+from .leading.watchdog import Watchdog
+from .ledger.pending import PendingClaim
+from .ledger.store import EntryState, Ledger
+from .ops.metrics import Metrics
+from .ticking.jitter import Jitter
+from .ticking.passclock import PassClock
+from .ticking.policy import Policies
+from .ticking.ticks import task_id_for, tick_slot
 
 __all__ = ["LeaderScheduleMixin", "Scheduler", "task_id_for", "tick_slot"]
 
 logger = logging.getLogger(__name__)
 
-#: Errors of a ZooKeeper conversation; none of them may end beat.
-ZOOKEEPER_ERRORS = (KazooException, ZookeeperError, KazooTimeoutError)
-#: Of those, the ones that say "the connection broke", not "ZooKeeper said no".
-CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
-#: Due entries claimed (and then published) per pass of the beat loop: one
-#: ledger transaction's worth, so in a burst of 10,000 the first message goes
-#: out after 1,000 claims, not 5,000, and signals are held for one transaction.
-#: A kill -9 while a batch is being sent loses the batch's unsent ticks.
-MAX_BATCH = 1000
-#: Seconds a replica that refused to lead (a newer layout is here) holds back
-#: before it looks again, so that refusing replicas do not pass leadership
-#: around as fast as ZooKeeper answers.
-LAYOUT_RECHECK = 30.0
-#: Unexpected errors in a row before a leader steps down: one bad pass ends
-#: the term and starts a fresh one; a leader that keeps failing lets another
-#: replica try, instead of passing leadership around once a second.
-STEP_DOWN_AFTER = 3
-#: Heap priority of every entry (Celery's own value).
+#: Heap priority of the first entry (Celery gives every entry 5; zkbeat counts on from it, see populate_heap).
 _PRIORITY = 5
 
 
-class LeaderScheduleMixin:
+class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
     """Publish only while leading, and only what the ledger let us claim.
 
     Mixed in before a ``celery.beat.Scheduler`` subclass. Overrides
     ``setup_schedule`` (connect), ``tick`` (follow or lead), ``populate_heap``
     (one entry that raises must not stop the rest), ``close`` (hand over) and
-    ``info``; entries advance through the host's own ``reserve()``.
+    ``info``; entries advance through the host's own ``reserve()``. The
+    work is in zkbeat.leading: joining and leaving the elections
+    (``replica``), the sharded loop (``sharded``), one shard's leadership
+    (``leadership``), a leader's pass over beat's heap (``heap_pass``), and
+    the term each epoch of leadership runs (``term``).
 
     Hosts whose schedule lives in shared storage (``zkbeat.contrib.django``)
     override the hooks below and read ``leading``; they need no other state.
@@ -90,30 +78,94 @@ class LeaderScheduleMixin:
 
     #: ZooKeeper client class; tests may swap it.
     Client = KazooClient
+    #: tick() does its own waiting, so that beat acts the moment there is
+    #: work: a follower's waits for leadership (up to ``max_interval``), an
+    #: idle leader's until its next entry is due or a run-now request comes
+    #: (zkbeat.ledger.controls), and both return 0; beat's own sleep could not be
+    #: woken. False makes tick() return the seconds to wait instead, as
+    #: Celery's own does, for a caller that drives tick() itself (a test, an
+    #: embedded beat with a clock of its own): leadership and run-now
+    #: requests are then seen when it calls again.
+    wait_in_tick = True
+    #: Whether the host's schedule may be split into shards (``zkbeat_shards`` > 1).
+    supports_shards = True
+
+    # Each shard's leadership state (zkbeat.leading.shard_state): these read and write
+    # the shard whose part of the loop runs; with one shard, its only state.
+    election = per_shard("election")
+    watcher = per_shard("watcher")
+    broker_handover = per_shard("broker_handover")
+    term = per_shard("term")
+    _pending = per_shard("_pending")
+    _took_over = per_shard("_took_over")
+    _failures = per_shard("_failures")
+    _refused_until = per_shard("_refused_until")
+    _unloaded_since = per_shard("_unloaded_since")
+    _unloaded_said = per_shard("_unloaded_said")
+    _heap = per_shard("_heap")
+    old_schedulers = per_shard("old_schedulers")
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         # No I/O here: beat builds a lazy instance only to print its banner.
-        self.zk_settings: Settings = read_settings(app.conf, app.main)
+        try:
+            self.zk_settings: Settings = read_settings(app.conf, app.main)
+            self._check_shards(self.zk_settings.shards)
+        except ConfigurationError as exc:
+            if click.get_current_context(silent=True) is None:
+                raise
+            # Under `celery beat`: one line and exit status 1, not click's traceback.
+            raise BadSettingExit(exc) from None
+        count = self.zk_settings.shards
+        #: One leadership state per shard, and the one whose part of the loop runs.
+        self._shards = [ShardState(index, count) for index in range(count)]
+        self._shard = self._shards[0]
+        #: This process's id in the candidates of every shard (only with shards: the fair share reads it).
+        self._replica = uuid.uuid4().hex
+        self._fair_share: FairShare | None = None
+        #: Each entry's shard, worked out once (zkbeat.coordination.shards.shard_of).
+        self._shard_index: dict[str, int] = {}
+        #: Set when any shard's election changes hands or a run-now request comes for a shard led
+        #: here: a sharded replica's one wait (zkbeat.leading.wakeup, which libfaketime cannot hang).
+        self._wake: Wakeup | threading.Event = Wakeup() if count > 1 else threading.Event()
+        #: tick() runs one shard's part of a sharded tick (_shard_pass).
+        self._in_shard_pass = False
         self.metrics = Metrics(self.zk_settings)
-        #: Each tick's publish moment after its slot (zkbeat.jitter); off by default.
-        self.jitter = Jitter(self.zk_settings.root, self.zk_settings.jitter)
+        #: Each entry's grace, catch-up and jitter options, parsed once (zkbeat.ticking.policy), and
+        #: each tick's publish moment after its slot (zkbeat.ticking.jitter; off by default).
+        self.policies = Policies(self.zk_settings)
+        self.jitter = Jitter(self.zk_settings.root, self.zk_settings.jitter, self.policies)
+        #: One reading of the clock for a leader's pass (zkbeat.ticking.passclock).
+        self.pass_clock = PassClock()
         self.zk_client: KazooClient | None = None
         self.election: LeaderElection | None = None
         self.ledger: Ledger | None = None
         self.peers: PeerCheck | None = None
-        #: Liveness socket and the watch on the predecessor's (zkbeat.liveness).
+        #: Liveness socket and the watch on the predecessor's (zkbeat.coordination.liveness).
         self.beacon: Beacon | None = None
         self.watcher: Watcher | None = None
+        #: Hands leadership on when this leader cannot reach the broker and another replica can.
+        self.broker_handover: BrokerHandover | None = None
         self.watchdog: Watchdog | None = None
         #: The current epoch of leadership, None while following.
         self.term: Term | None = None
-        #: Claims of an ended term whose commit was never confirmed (see zkbeat.term).
+        #: Claims of an ended term whose commit was never confirmed (see zkbeat.leading.term).
         self._pending: list[PendingClaim] = []
         self._closed = False
         #: beat's loop has called tick() (see close()).
         self._ticked = False
         self._refused_until = 0.0
         self._failures = 0
+        #: Monotonic time the current term began, while the host's schedule has not loaded in it (None once it has).
+        self._unloaded_since: float | None = None
+        #: Stepping aside for a schedule that did not load was logged (once until a load succeeds).
+        self._unloaded_said = False
+        #: Why this replica stops, for its successor's log: the signal beat got, else a plain close().
+        self._stop_reason = "shut down"
+        #: The shutdown signal beat's handler got (recorded by close() before the handler raises
+        #: SystemExit): one a library swallowed mid-call still ends the loop (_exit_if_stop_swallowed).
+        self._stop_signal: int | None = None
+        #: The fence whose takeover was last logged (a term begun again under it is no new takeover).
+        self._took_over: Fence | None = None
         #: Entries whose schedule raised, with the error last logged for each.
         self._broken: dict[tuple[str, str], str] = {}
         if kwargs.get("schedule_filename"):
@@ -146,11 +198,47 @@ class LeaderScheduleMixin:
         """
         return False
 
+    def schedule_loaded(self) -> bool:
+        """Whether ``schedule`` is the host's whole schedule (False: its last read failed).
+
+        A run-now request for an entry missing from a schedule that did not
+        load is kept pending, never refused (zkbeat.ledger.controls).
+        """
+        return True
+
     def schedule_replaced(self) -> None:
-        """The host rebuilt ``schedule``: read each entry's ledger state before its next claim."""
+        """The host rebuilt ``schedule``: read each entry's ledger state before its next claim.
+
+        An entry whose own last run is in the future (a row a leader whose
+        clock was ahead wrote) would not come due to be read: the next pass
+        reads those at once (zkbeat.ledger.clock).
+        """
+        for shard in self._shards:  # every shard: a host replaces its schedule from outside a shard's part
+            if shard.term is not None:
+                shard.term.known.clear()
+                shard.term.own_runs_checked = False
+            shard._heap = None
+        self.policies.forget()
+
+    def entries_replaced(self, names: Iterable[str]) -> None:
+        """The host rebuilt (or dropped) these entries: read each one's ledger state before its next claim.
+
+        The host puts them on beat's heap itself, or calls ``invalidate_heap``.
+        """
+        names = list(names)
+        self.policies.forget(names)
         if self.term is not None:
-            self.term.known.clear()
-        self.invalidate_heap()
+            for name in names:
+                self.term.known.pop(name, None)
+
+    def after_leader_pass(self, interval: float) -> float:
+        """A leader's pass is done: the host may do leader work of its own and shorten the wait.
+
+        Runs inside the pass (timed by the watchdog, under tick()'s error
+        policy). Returns the seconds until the next pass (``interval``: the
+        pass's own answer).
+        """
+        return interval
 
     def invalidate_heap(self) -> None:
         """Rebuild beat's heap from the schedule at the next pass."""
@@ -159,13 +247,8 @@ class LeaderScheduleMixin:
     @property
     def leading(self) -> bool:
         """True while this replica leads under its current term (what only a leader may write)."""
-        election = self.election
-        return (
-            self.term is not None
-            and not self._closed
-            and election is not None
-            and election.leadership == self.term.fence
-        )
+        election, term = self.election, self.term
+        return term is not None and not self._closed and election is not None and election.leadership == term.fence
 
     @property
     def closed(self) -> bool:
@@ -174,89 +257,21 @@ class LeaderScheduleMixin:
     # -- lifecycle ---------------------------------------------------------
 
     def setup_schedule(self) -> None:
+        """The host's schedule, then this replica's place in the election: joined once.
+
+        Celery calls it from ``__init__``; a second call (Celery's own tests
+        make one) sets the host's schedule up again but opens no second
+        client: a second candidate would leave the first one, orphaned,
+        holding leadership while nobody publishes under it.
+        """
         self.setup_host_schedule()
-        self._connect()
-
-    def _connect(self) -> None:
-        settings = self.zk_settings
-        self.zk_client = make_client(settings, self.Client)
-        self.zk_client.add_listener(self._on_connection_state)
-        self.ledger = Ledger(self.zk_client, settings.root, timeout=settings.session_timeout)
-        self.beacon = self._open_beacon()
-        self.election = LeaderElection(
-            self.zk_client,
-            f"{settings.root}/{LAYOUT_VERSION}/election",
-            {
-                "identity": settings.identity,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": datetime.now(timezone.utc).isoformat(),
-                "version": __version__,
-                # For rolling upgrades: a newer release sees our layout, and
-                # the leader (and `zkbeat status`) sees whose schedule differs.
-                "layout": LAYOUT,
-                "schedule_hash": self._schedule_hash(),
-                **(self.beacon.announcement.as_data() if self.beacon is not None else {}),
-            },
-        )
-        if self.beacon is not None:
-            self.watcher = Watcher(self.zk_client).start()
-            self.election.add_predecessor_listener(self.watcher.follow)
-        election = self.election
-        self.watchdog = Watchdog(
-            settings.stall_timeout,
-            step_down=lambda: election.step_down(hold=True),
-            resume=election.resume,
-            describe=lambda: f" ({settings.identity}, epoch {self.term.epoch if self.term else None})",
-        ).start()
-        self.peers = PeerCheck(
-            self.zk_client, settings.root, self.election.path, self._schedule_hash(), timeout=settings.session_timeout
-        )
-        logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
-        # start_async: an unreachable ZooKeeper is retried in the background;
-        # until it answers this replica is simply a follower.
-        self.zk_client.start_async()
-        self.election.start()
-        self.metrics.serve()
-
-    def _open_beacon(self) -> Beacon | None:
-        """This replica's liveness socket, or None when it is off or cannot bind (then the session decides)."""
-        settings = self.zk_settings
-        if not settings.liveness:
-            return None
-        host, port = settings.liveness_address or (local_address(settings.hosts) or "127.0.0.1", 0)
-        try:
-            beacon = Beacon(host, port).start()
-        except OSError as exc:
-            logger.warning(
-                "zkbeat: cannot listen on %s:%s for liveness (%r); a crash of this replica is seen at its "
-                "session timeout instead (set zkbeat_liveness_address)",
-                host,
-                port,
-                exc,
-            )
-            return None
-        logger.info("zkbeat: liveness socket on %s:%s", beacon.host, beacon.port)
-        return beacon
+        if self.zk_client is None and not self._closed:
+            self._connect()
 
     @cached_property
     def connection(self) -> Any:
-        """Beat's broker connection, its publish bounded on Redis (zkbeat.broker.beat_connection)."""
+        """Beat's broker connection, its publish bounded on Redis (zkbeat.leading.broker.beat_connection)."""
         return beat_connection(self.app)
-
-    def _on_connection_state(self, state: str) -> None:
-        """kazoo's listener: record and log only (it runs on kazoo's thread)."""
-        self.metrics.connection(state)
-        if self._closed:
-            return  # our own close() ends the session: nothing to warn about
-        term = self.term
-        identity, epoch = self.zk_settings.identity, term.epoch if term is not None else None
-        if state == KazooState.SUSPENDED:
-            logger.warning("zkbeat: connection to ZooKeeper suspended; not publishing (%s, epoch %s)", identity, epoch)
-        elif state == KazooState.LOST:
-            logger.warning("zkbeat: ZooKeeper session lost; rejoining the election (%s, epoch %s)", identity, epoch)
-        elif term is not None:
-            logger.info("zkbeat: reconnected to ZooKeeper (%s)", identity)
 
     def close(self) -> None:
         """Hand leadership over first (delete the candidate), then close.
@@ -264,10 +279,17 @@ class LeaderScheduleMixin:
         Celery calls this twice on SIGTERM; the second call only repeats the
         host scheduler's close, which is idempotent. The first, from inside
         celery beat's signal handler, does nothing (see
-        zkbeat._signals.inside_shutdown_handler): the handler's SystemExit
+        zkbeat.leading._signals.inside_shutdown_handler): the handler's SystemExit
         reaches ``Service.start`` at once, and its ``finally`` closes.
         """
-        if getattr(self, "_ticked", False) and inside_shutdown_handler():
+        handled = shutdown_signal_handled()
+        if handled is not None and not self._closed:
+            self._stop_signal = handled
+            try:
+                self._stop_reason = signal.Signals(handled).name
+            except ValueError:
+                self._stop_reason = f"signal {handled}"
+        if getattr(self, "_ticked", False) and handled is not None:
             # Only once beat's loop runs: before it, Service.start has no
             # ``finally`` around it yet, and nothing of ours holds a lock.
             logger.debug("zkbeat: shutdown signal: closing once beat's loop has unwound")
@@ -277,9 +299,10 @@ class LeaderScheduleMixin:
             # (claims not written back, the candidate left): held until the end,
             # at most SIGNAL_HOLD_LIMIT, so that a close() that hangs can be cut.
             with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
-                if self.leading:
+                if self.leading or (self.sharded and any(shard.term is not None for shard in self._shards)):
                     try:
-                        self.sync()  # still leading: a host's own record (database rows) is written
+                        # Still leading (with shards, some shard: the host writes only those it leads): its own record.
+                        self.sync()
                     except Exception:  # noqa: BLE001 - the ledger holds the runs; shutdown must finish
                         logger.warning("zkbeat: could not sync the schedule at shutdown", exc_info=True)
                 self._closed = True
@@ -287,25 +310,6 @@ class LeaderScheduleMixin:
                 super().close()
             return
         super().close()
-
-    def _shut_down(self) -> None:
-        if self.term is not None:
-            self._end_term("shutting down")
-        self._release_pending(final=True)
-        for part in (self.watchdog, self.watcher):
-            if part is not None:
-                part.close()
-        if self.election is not None:
-            self.election.close()
-        if self.beacon is not None:
-            self.beacon.close()  # after the candidate is gone: nobody needs to delete it
-        self.metrics.close()
-        if self.zk_client is not None:
-            try:
-                self.zk_client.stop()
-                self.zk_client.close()
-            except Exception:  # noqa: BLE001 - shutdown must finish
-                logger.debug("zkbeat: error stopping the ZooKeeper client", exc_info=True)
 
     @property
     def info(self) -> str:
@@ -315,364 +319,77 @@ class LeaderScheduleMixin:
     # -- the loop ----------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """Follow (wait for leadership) or lead (claim, then publish what is due).
+        """Follow (wait for leadership) or lead (claim, then publish what is due), then wait; returns 0.
 
-        No error ends beat's loop. What a leader's pass may raise, and what
-        the replica does then:
-
-        ===============================  =====================================  =======
-        raised in a leader's pass        action                                 returns
-        ===============================  =====================================  =======
-        FencedError                      end the term, election re-checks       0
-        ZooKeeper connection errors      end the term (claims in flight are     0
-        (ConnectionLoss, SessionExpired, kept pending), election re-checks
-        closed, timeout)
-        other ZooKeeper errors (NoAuth)  end the term, step down, naming root   1 s
-        any other exception              end the term; after STEP_DOWN_AFTER    1 s
-                                         in a row, step down
-        ===============================  =====================================  =======
-
-        Handled inside a pass and never raised: an entry whose schedule or
-        clock raises, or whose name cannot be a znode (logged once, left out,
-        retried every ``max_interval``); an entry ZooKeeper refuses to write
-        (someone else's ACL: left out for ``max_interval``, the rest run); an
-        unreachable broker (nothing claimed, ticks stay due); a message the
-        broker refuses (logged, counted as run, as celery beat does); a claim
-        that conflicts (the rolled-back batch re-read; repeated conflicts back
-        off); a send hung on a silent broker (SIGTERM held at most
-        ``zkbeat.term.SIGNAL_HOLD_LIMIT``; the watchdog steps a hung leader
-        down after ``zkbeat_stall_timeout``).
+        With shards, each shard's part of the loop in turn, then one wait
+        (zkbeat.leading.sharded); each part is this method again. One
+        shard's part and its error policy: zkbeat.leading.leadership
+        (``_shard_tick``). No error ends beat's loop.
         """
-        self._ticked = True
-        election = self.election
-        if election is None or self._closed:
-            return self.max_interval
-        if self.watchdog is not None:
-            self.watchdog.turned()  # the loop turns: a replica the watchdog held out may contend again
-        fence = election.leadership  # one read: whether we lead, and under which candidate
-        if fence is None:
-            if self.term is not None:
-                self._end_term("lost leadership")
-            self._release_pending()
-            # Wake the moment the election's watch makes us leader; beat's
-            # loop comes straight back because we return 0. Claims still to
-            # write back are tried again within a second, not a max_interval.
-            election.wait_for_leadership(RETRY_DELAY if self._pending else self.max_interval)
-            return 0
-        with self.leader_pass():
-            interval = self._leader_pass(election, fence)
-        # Outside the timed pass: an idle leader waiting for its next entry is not a hung one.
-        return self._idle(interval)
+        if self.sharded and not self._in_shard_pass:
+            return self._sharded_tick()  # each shard's part of the loop is this method again (_shard_pass)
+        return self._shard_tick()
 
-    @contextlib.contextmanager
-    def leader_pass(self) -> Iterator[None]:
-        """Mark leader work that the watchdog times (zkbeat.watchdog).
+    # -- beat's heap: Celery's hooks (a leader's pass over it: zkbeat.leading.heap_pass) ---------
 
-        ``tick()`` marks its own leader passes; a host that does leader work
-        of its own before them (a database read) marks that too, so a query
-        that hangs there steps the replica down as well.
-        """
-        watchdog = self.watchdog
-        if watchdog is None:
-            yield
-            return
-        watchdog.entered()
-        try:
-            yield
-        finally:
-            watchdog.left()
+    def reserve(self, entry: beat.ScheduleEntry) -> beat.ScheduleEntry:
+        """Celery's: the entry's successor, run now; in a leader's pass, now is its reading (ticking.passclock)."""
+        now = self.pass_clock.now_for(entry) if type(entry).__next__ is beat.ScheduleEntry.__next__ else None
+        if now is None:
+            return super().reserve(entry)
+        successor = self.schedule[entry.name] = entry._next_instance(last_run_at=now)
+        return successor
 
-    def _leader_pass(self, election: LeaderElection, fence: Fence) -> float:
-        """One leader's pass of tick(), under the error policy in tick()'s table."""
-        epoch = self.term.epoch if self.term is not None else fence.epoch
-        try:
-            wait = self._refuse_to_lead(fence)
-            if wait is not None:
-                return wait
-            if self.term is None or self.term.fence != fence:
-                if self.term is not None:
-                    self._end_term("a new epoch began")
-                self._begin_term(fence)
-            epoch = fence.epoch
-            interval = self._lead()
-            self._failures = 0
-            return interval
-        except FencedError as exc:
-            logger.warning(
-                "zkbeat: claim fenced, publishing nothing (%s, epoch %s): %s", self.zk_settings.identity, epoch, exc
-            )
-            self._end_term("fenced")
-            election.recheck()
-            return 0
-        except CONNECTION_ERRORS as exc:
-            # The election hears about the connection too; re-verify before
-            # leading again (same session: we resume, new one: we rejoin).
-            logger.warning("zkbeat: connection to ZooKeeper interrupted while leading (epoch %s): %r", epoch, exc)
-            self._end_term("connection interrupted")
-            election.recheck()
-            return 0
-        except ZOOKEEPER_ERRORS as exc:
-            # Name the root: kazoo's errors (NoAuth above all) never say where.
-            logger.warning(
-                "zkbeat: ZooKeeper error while leading %s (epoch %s): %r; stepping down",
-                self.zk_settings.root,
-                epoch,
-                exc,
-            )
-            self._end_term("ZooKeeper error")
-            election.step_down()
-            return RETRY_DELAY
-        except Exception:  # noqa: BLE001 - beat outlives any one bad pass
-            self._failures += 1
-            if self._failures < STEP_DOWN_AFTER:
-                logger.exception(
-                    "zkbeat: unexpected error while leading (epoch %s); starting the term afresh in %gs",
-                    epoch,
-                    RETRY_DELAY,
-                )
-                self._end_term("unexpected error")
-                return RETRY_DELAY
-            logger.exception(
-                "zkbeat: unexpected error while leading (epoch %s), %d passes in a row; stepping down",
-                epoch,
-                self._failures,
-            )
-            self._failures = 0
-            self._end_term("unexpected errors")
-            election.step_down()
-            return RETRY_DELAY
-
-    def _begin_term(self, fence: Fence) -> None:
-        assert self.ledger is not None
-        started = time.monotonic()
-        self.on_leadership_start()
-        inherited = {claim.name: claim for claim in self._pending}
-        self._pending = []
-        try:
-            self.term = Term.begin(self, fence, inherited)
-        except BaseException:
-            self._pending = list(inherited.values())  # what the term did not settle: kept for the next try
-            raise
-        self._heap = None
-        self.metrics.leadership(True, fence.epoch)
-        self.metrics.ledger_loaded(time.monotonic() - started)
-        logger.info(
-            "zkbeat: became leader (epoch %s) as %s; ledger of %d entries loaded in %.1f ms",
-            fence.epoch,
-            self.zk_settings.identity,
-            self.term.records_loaded,
-            (time.monotonic() - started) * 1000,
-        )
-        self._check_clock(fence.epoch)
-
-    def _end_term(self, reason: str) -> None:
-        term, self.term = self.term, None
-        if term is None:
-            return
-        logger.info("zkbeat: stopped leading (%s, epoch %s): %s", self.zk_settings.identity, term.epoch, reason)
-        self.metrics.leadership(False, None)
-        self._pending = list(term.pending.values())
-        if self._pending:
-            logger.warning(
-                "zkbeat: claims never confirmed or never sent are settled against the ledger as soon as "
-                "ZooKeeper answers (written back if they landed, so the next leader sends them): %s",
-                ", ".join(sorted(claim.name for claim in self._pending)),
-            )
-        self._heap = None
-        self.on_leadership_end()
-
-    def _release_pending(self, final: bool = False) -> None:
-        """Not leading: write back our pending claims that landed, so whoever leads sends them.
-
-        Followers try on every pass until ZooKeeper answers; close() tries
-        once more, and logs what it leaves behind as possibly lost.
-        """
-        if not self._pending or self.ledger is None or self.zk_client is None:
-            return
-        if self.zk_client.state != KazooState.CONNECTED:
-            remaining = self._pending
-        else:
-            try:
-                remaining = release(self.ledger, self._pending)
-            except ZOOKEEPER_ERRORS as exc:
-                logger.debug("zkbeat: could not settle pending claims yet: %r", exc)
-                remaining = self._pending
-        self._pending = remaining
-        if final and remaining:
-            logger.error(
-                "zkbeat: stopping with claims recorded as run that were never sent and could not be written "
-                "back; these ticks are lost unless ZooKeeper did not commit them: %s",
-                ", ".join(f"{c.name} at {c.slot.isoformat()}" for c in remaining),
-            )
-
-    def _check_clock(self, epoch: int) -> None:
-        """Warn when this new leader's clock is far from ZooKeeper's (see zkbeat.clock)."""
-        path = f"{self.zk_settings.root}/{LAYOUT_VERSION}/clock"
-        try:
-            skew = measure_skew(self.zk_client, path, self.zk_settings.identity)
-        except ZOOKEEPER_ERRORS as exc:
-            logger.debug("zkbeat: could not compare clocks with ZooKeeper: %r", exc)
-            return
-        if skew.worth_a_warning:
-            logger.warning(
-                "zkbeat: this leader's clock is %s (%s, epoch %s); the schedule runs on the leader's clock, so "
-                "ticks come late or early by that much across a handover: keep the replicas' clocks in sync (NTP)",
-                skew.describe(),
-                self.zk_settings.identity,
-                epoch,
-            )
-
-    def _schedule_hash(self) -> str | None:
-        """The digest of this replica's schedule for its candidate data (zkbeat.peers)."""
-        try:
-            return schedule_hash(self.schedule)
-        except Exception:  # noqa: BLE001 - a host whose schedule cannot be read yet just does not say
-            logger.debug("zkbeat: could not hash the schedule", exc_info=True)
-            return None
-
-    def _refuse_to_lead(self, fence: Fence) -> float | None:
-        """Seconds to hold back instead of leading while a newer zkbeat layout is here.
-
-        Checked before taking over and, while leading, whenever the root or
-        the candidates change (zkbeat.peers). A refusing replica steps down to
-        the back of the line, so that a newer release's candidate can lead,
-        and looks again after LAYOUT_RECHECK; until then it publishes nothing
-        even if the line comes round to it again.
-        """
-        if self.peers is None:
-            return None
-        now = time.monotonic()
-        if now < self._refused_until:
-            return min(self.max_interval, self._refused_until - now)
-        # Before taking over (or over again, under a new epoch: watches die
-        # with a session) read everything; while leading, only what changed.
-        reason = self.peers.check(force=self.term is None or self.term.fence != fence)
-        if reason is None:
-            return None
-        logger.error("zkbeat: refusing to lead (%s): %s", self.zk_settings.identity, reason)
-        if self.term is not None:
-            self._end_term("a newer zkbeat layout is here")
-        self._refused_until = now + LAYOUT_RECHECK
-        self.election.step_down()
-        return min(self.max_interval, LAYOUT_RECHECK)
-
-    # -- one leader's pass: Celery's tick, batched ---------------------------
-
-    def _lead(self) -> float:
-        """Pop every due entry (up to MAX_BATCH), let the term run them, push them back."""
-        term = self.term
-        assert term is not None
-        if term.pending:
-            term.settle()
-        if term.triggers is not None:
-            term.run_manual(term.triggers.take())
-        if self._heap is None or not self.schedules_equal(self.old_schedulers, self.schedule):
-            self.old_schedulers = dict(self.schedule)
-            self.populate_heap()
-        heap = self._heap
-        if not heap:
-            return self.max_interval
-        dues, later = self._scan(heap)
-        if dues:
-            later.extend(term.run(dues))
-        if self._heap is None:
-            return 0  # the pass replaced the schedule's entries: rebuild the heap now, not after a sleep
-        self._push(later)
-        if len(dues) >= MAX_BATCH:
-            return 0
-        if not self._heap:
-            return self.max_interval
-        top = self._heap[0]
-        return max(0.0, min(top[0] - self._when_safe(top[2], 0), self.max_interval))
-
-    def _idle(self, interval: float) -> float:
-        """Wait out ``interval`` here, woken by a trigger request (zkbeat.controls), then come straight back.
-
-        Beat's own sleep cannot be woken; the follower's tick waits the same way.
-        """
-        term = self.term
-        if interval <= 0 or term is None or term.triggers is None:
-            return interval
-        term.triggers.wait(interval)
-        return 0
-
-    def _scan(self, heap: list) -> tuple[list[Due], list[Requeue]]:
-        """Pop the entries whose time has come; sort them into due and not due yet."""
-        dues: list[Due] = []
-        later: list[Requeue] = []
-        while heap and len(dues) < MAX_BATCH:
-            event = heap[0]
-            entry = event[2]
-            if event[0] > self._when_safe(entry, 0):
-                break
-            heapq.heappop(heap)
-            is_due, next_time = self.entry_is_due(entry)
-            wait = self.jitter.wait(entry) if is_due else 0.0
-            if wait > 0:
-                later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
-            elif is_due:
-                dues.append(Due(entry, event[1], next_time))
-            else:
-                later.append(Requeue(entry, event[1], next_time))
-        return dues, later
-
-    def _push(self, requeue: list[Requeue]) -> None:
-        heap = self._heap
-        if heap is None:
-            return  # rebuilt from the schedule at the next pass
-        for item in requeue:
-            delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
-            heapq.heappush(heap, beat.event_t(self._when_safe(item.entry, delay), item.priority, item.entry))
-
-    def entry_is_due(self, entry: beat.ScheduleEntry) -> tuple[bool, float]:
-        """``entry.is_due()``; an entry whose schedule raises is logged once and left out.
-
-        It is asked again every ``max_interval`` (a fixed row or a clock that
-        moved on may cure it), and logged again only when its error changes.
-        Celery's own scheduler does the same only from 5.7 on.
-        """
-        try:
-            is_due, next_time = self.is_due(entry)
-        except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
-            self.leave_out(entry, exc, "schedule")
-            return False, self.max_interval
-        if self._broken.pop((entry.name, "schedule"), None) is not None:
-            logger.info("zkbeat: %s is scheduled again", entry.name)
-        return is_due, next_time
-
-    def leave_out(self, entry: beat.ScheduleEntry, exc: BaseException, what: str = "entry") -> None:
-        """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
-
-        Its schedule raised, its clock raised, or its name cannot be a znode.
-        It is tried again every ``max_interval``.
-        """
-        text = repr(exc)
-        if self._broken.get((entry.name, what)) == text:
-            return
-        self._broken[(entry.name, what)] = text
-        logger.error(
-            "zkbeat: leaving out %r: it cannot be scheduled (%s); trying again every %gs",
-            entry.name,
-            text,
-            self.max_interval,
-            exc_info=not isinstance(exc, (ValueError, TypeError)),
-        )
+    def schedules_equal(self, old_schedules: Any, new_schedules: Any) -> bool:
+        """Celery's comparison, passing over the entries that are the same object (most, on a leader)."""
+        if old_schedules is None or new_schedules is None or len(old_schedules) != len(new_schedules):
+            return super().schedules_equal(old_schedules, new_schedules)
+        if all(map(operator.is_, old_schedules.values(), new_schedules.values())) and all(
+            map(operator.is_, old_schedules, new_schedules)
+        ):
+            return True  # the same entries under the same names in the same order: one C-speed walk a pass
+        for name, old_entry in old_schedules.items():
+            new_entry = new_schedules.get(name)
+            if new_entry is not old_entry and (not new_entry or new_entry != old_entry):
+                return False
+        return True
 
     def populate_heap(self, *args: Any, **kwargs: Any) -> None:
-        """Celery's heap of entries, built so that one entry that raises cannot stop the rest."""
+        """Celery's heap of entries, built so that one entry that raises cannot stop the rest.
+
+        Each entry gets a priority of its own (Celery gives every one 5): the
+        pass's clock places entries due together at the very same moment, and
+        the heap would break every such tie by comparing entries field by field.
+        """
         heap = []
+        ties = itertools.count(_PRIORITY)
         for entry in self.schedule.values():
+            if self.sharded and not self.in_shard(entry.name):
+                continue  # another shard's: its leader runs it
             is_due, delay = self.entry_is_due(entry)
-            heap.append(beat.event_t(self._when_safe(entry, 0 if is_due else delay), _PRIORITY, entry))
+            heap.append(beat.event_t(self._when_safe(entry, 0 if is_due else delay), next(ties), entry))
         heapq.heapify(heap)
         self._heap = heap
 
-    def _when_safe(self, entry: beat.ScheduleEntry, delay: float) -> float:
-        """Celery's ``_when`` (the heap's timestamp); now plus the delay if the entry cannot say."""
-        try:
-            return self._when(entry, delay) or 0
-        except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) failed
-            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+
+class BadSettingExit(ConfigurationError, click.ClickException):
+    """A bad setting, raised inside the ``celery beat`` command: click prints one line and exits 1.
+
+    Still a :class:`~zkbeat.exceptions.ConfigurationError` for whoever catches
+    that; outside a click command the plain error is raised instead.
+    """
+
+    exit_code = 1
+
+    def __init__(self, error: ConfigurationError) -> None:
+        ConfigurationError.__init__(self, error.setting, error.value, error.reason)
+        self.message = str(error)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"zkbeat: {self.message}", file=file, err=True)
 
 
 class Scheduler(LeaderScheduleMixin, beat.Scheduler):

@@ -54,6 +54,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    # zkbeat's view in the admin (after django_celery_beat): last and next runs, pauses,
+    # pause/resume/run-now actions, and a cluster page (docs/django.md).
+    "zkbeat.contrib.admin",
     "jobs",
 ]
 
@@ -165,3 +168,12 @@ CELERY_ZKBEAT_LIVENESS = os.environ.get("ZKBEAT_LIVENESS", "1") in ("1", "true",
 CELERY_ZKBEAT_LIVENESS_ADDRESS = os.environ.get("ZKBEAT_LIVENESS_ADDRESS") or None
 # Seconds a leader's pass may take before the watchdog steps a hung leader down.
 CELERY_ZKBEAT_STALL_TIMEOUT = _env_float("ZKBEAT_STALL_TIMEOUT") or 30.0
+# How many of each entry's last runs its ledger znode keeps (0 to 10), shown by
+# `zkbeat history` and the dashboard; written by the claim itself. None: 10.
+CELERY_ZKBEAT_RECENT_RUNS = None
+# Shards the schedule is split into, each with its own leader (docs/sharding.md).
+# zkbeat.DatabaseScheduler runs one shard; None: 1.
+CELERY_ZKBEAT_SHARDS = None
+# Seconds a leader may fail to reach the broker before it hands over to a replica
+# that can (in a real broker outage nobody can, and leadership stays). 0: off.
+CELERY_ZKBEAT_BROKER_HANDOVER_TIMEOUT = _env_float("ZKBEAT_BROKER_HANDOVER_TIMEOUT") or 15.0

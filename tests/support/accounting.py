@@ -35,7 +35,7 @@ __all__ = ["Report", "Lease", "account", "accounting", "assert_clean", "logged_s
 
 #: What a skip looks like in a replica's log (zkbeat.scheduler._run_due).
 SKIP_LINE = re.compile(r"zkbeat: skipping (\S+): its tick at (\S+) is")
-#: A publish that got no answer (zkbeat.broker.may_have_arrived): not sent again, at most once.
+#: A publish that got no answer (zkbeat.leading.broker.may_have_arrived): not sent again, at most once.
 UNANSWERED_LINE = re.compile(r"zkbeat: the publish of (\S+) \(slot ([^,]+), task id [^)]*\) got no answer")
 #: Slack for the publish-after-claim order check, in seconds.
 TOLERANCE = 0.25

@@ -20,6 +20,8 @@ from tests.support.processes import record_publishes
 __all__ = ["app"]
 
 app.conf.beat_max_loop_interval = float(os.environ.get("ZKBEAT_TEST_MAX_INTERVAL", "1"))
+if os.environ.get("ZKBEAT_TEST_SHARDS"):
+    app.conf.zkbeat_shards = int(os.environ["ZKBEAT_TEST_SHARDS"])
 
 # The record lives in Redis even when the broker is RabbitMQ (or is down).
 record_publishes(

@@ -21,6 +21,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -31,6 +32,7 @@ import pytest
 import redis
 
 from tests.support.processes import ROOT, Publish, Replica, read_publishes
+from tests.support.servers import free_port
 
 EXAMPLE_PROJECT = ROOT / "example_project"
 POSTGRES_URL = os.environ.get("ZKBEAT_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
@@ -149,25 +151,63 @@ def beat_db(django_database: str) -> str:
 
 
 class CapturedSql(list):
-    """SQL statements one thread sent through Django while capturing."""
+    """SQL statements one thread sent through Django while capturing; ``rows[i]`` is the i-th one's row count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
 
     def writes(self) -> list[str]:
         return [sql for sql in self if sql.lstrip().split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE")]
 
+    def reading(self, table: str) -> list[tuple[str, int]]:
+        """(statement, rows returned) of each SELECT from ``table``."""
+        return [
+            (sql, rows)
+            for sql, rows in zip(self, self.rows)
+            if sql.lstrip().upper().startswith("SELECT") and f'FROM "{table}"' in sql
+        ]
+
 
 @contextlib.contextmanager
 def capture_sql() -> Iterator[CapturedSql]:
-    """Record every statement this thread sends through Django's default connection."""
+    """Record every statement this thread sends through Django's default connection, and its row count."""
     from django.db import connection
 
     captured = CapturedSql()
 
     def record(execute, sql, params, many, context):
-        captured.append(sql)
-        return execute(sql, params, many, context)
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            captured.append(sql)
+            captured.rows.append(getattr(context["cursor"].cursor, "rowcount", -1))
 
     with connection.execute_wrapper(record):
         yield captured
+
+
+@contextlib.contextmanager
+def database_unreachable() -> Iterator[None]:
+    """This process's Django connection points at a port nobody listens on: every query fails to connect.
+
+    A real outage as the driver sees it (connection refused), for the
+    in-process scheduler and the test alike: they share the connection.
+    Everything is as it was again once the block ends.
+    """
+    from django.db import connection
+
+    from tests.support.servers import free_port
+
+    settings = connection.settings_dict
+    saved = {key: settings.get(key) for key in ("HOST", "PORT")}
+    connection.close()
+    settings.update(HOST="127.0.0.1", PORT=str(free_port()))
+    try:
+        yield
+    finally:
+        connection.close()
+        settings.update(saved)
 
 
 def recorded_writes() -> list[tuple[datetime, str, str, str]]:
@@ -268,8 +308,9 @@ class DjangoCluster:
             replica.start()
         return self
 
-    def add(self) -> DjangoReplica:
-        return self._new().start()
+    def add(self, extra_env: dict[str, str] | None = None) -> DjangoReplica:
+        """One more replica; ``extra_env`` is its own (a database URL of its own, say)."""
+        return self._new().start(extra_env)
 
     def stop(self) -> None:
         for replica in self.replicas:
@@ -283,3 +324,41 @@ class DjangoCluster:
 
     def logs(self, tail: int = 6000) -> str:
         return "\n".join(f"===== {r.identity} =====\n{r.log()[-tail:]}" for r in self.replicas)
+
+
+@contextlib.contextmanager
+def serve_project() -> Iterator[str]:
+    """The configured Django project's WSGI app served by threads of this process on a free port; its URL.
+
+    For a real browser on the admin: same process, same database and
+    settings as the test's Django test client.
+    """
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.core.wsgi import get_wsgi_application
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    class Threaded(WSGIServer):
+        def process_request(self, request, client_address) -> None:
+            threading.Thread(target=self._serve, args=(request, client_address), daemon=True).start()
+
+        def _serve(self, request, client_address) -> None:
+            try:
+                self.finish_request(request, client_address)
+            finally:
+                self.shutdown_request(request)
+
+    port = free_port()
+    handler = StaticFilesHandler(get_wsgi_application())  # the admin's CSS and scripts, as runserver serves them
+    server = make_server("127.0.0.1", port, handler, server_class=Threaded, handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -17,8 +17,8 @@ from kazoo.exceptions import NoNodeError
 
 from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperEnsemble, ZooKeeperServer
-from zkbeat.election import sorted_candidates
-from zkbeat.ledger import LAYOUT_VERSION, Ledger
+from zkbeat.coordination.election import sorted_candidates
+from zkbeat.ledger.store import LAYOUT_VERSION, Ledger
 
 __all__ = ["candidates", "leader_session", "member_holding", "ledger_slots", "wait_until_watched"]
 

@@ -15,6 +15,10 @@ the server, what it answers vanishes. A request then takes effect while its
 sender waits for an answer that never comes, the case a "maybe sent" publish
 must handle.
 
+``cut_after(n)`` cuts a write in two: the next ``n`` bytes clients send
+reach the server, then that connection is reset (RST) mid-stream, as a link
+dropping in the middle of a large write; later connections are forwarded.
+
 ``reset()`` is the other kind of outage, a server that went away: every
 connection is reset (RST) and new ones are refused until ``heal()``, so a
 test can take a server it must not stop (the machine's RabbitMQ) away from
@@ -52,9 +56,10 @@ class _Pair:
 class TcpProxy:
     """Forward 127.0.0.1:<port> to 127.0.0.1:<target_port> until told to black-hole."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, port: int = 0) -> None:
         self.target_port = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        # ``port``: listen where a closed proxy listened, as a restarted one would.
+        self._listener = socket.create_server(("127.0.0.1", port))
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
@@ -68,6 +73,12 @@ class TcpProxy:
         #: Bytes from the server dropped while its replies are lost.
         self.replies_dropped = 0
         self._refusing = False
+        #: Client bytes still forwarded before the connection carrying them is cut (cut_after).
+        self._cut_left: int | None = None
+        #: Client bytes that reached the server and were lost by cut_after, each time it cut.
+        self.cuts: list[tuple[int, int]] = []
+        #: Server bytes still forwarded before the connection carrying them is closed (cut_replies_after).
+        self._reply_cut_left: int | None = None
         self._reset_requested = False
         self._heal_requested = False
         self._closed = False
@@ -97,6 +108,18 @@ class TcpProxy:
         """From now on forward what clients send, and drop every byte the server answers."""
         with self._lock:
             self._replies_lost = True
+        self._wake()
+
+    def cut_after(self, forwarded: int) -> None:
+        """Forward the next ``forwarded`` bytes clients send, then reset the connection that carried the last."""
+        with self._lock:
+            self._cut_left = forwarded
+        self._wake()
+
+    def cut_replies_after(self, forwarded: int) -> None:
+        """Forward the next ``forwarded`` bytes the server answers, then close (FIN) the connection carrying them."""
+        with self._lock:
+            self._reply_cut_left = forwarded
         self._wake()
 
     def reset(self) -> None:
@@ -195,6 +218,34 @@ class TcpProxy:
             if sock is pair.client:
                 self.dropped += len(data)
             return
+        with self._lock:
+            left = self._cut_left if sock is pair.client else None
+            if left is not None and len(data) > left:
+                self._cut_left = None
+        if left is not None:
+            if len(data) > left:
+                with contextlib.suppress(OSError):
+                    peer.setblocking(True)
+                    peer.sendall(data[:left])
+                self.cuts.append((left, len(data) - left))
+                self._drop(pair, rst=True)
+                return
+            with self._lock:
+                self._cut_left = left - len(data)
+        if sock is pair.upstream:
+            with self._lock:
+                reply_left = self._reply_cut_left
+                if reply_left is not None and len(data) > reply_left:
+                    self._reply_cut_left = None
+                elif reply_left is not None:
+                    self._reply_cut_left = reply_left - len(data)
+            if reply_left is not None and len(data) > reply_left:
+                with contextlib.suppress(OSError):
+                    peer.setblocking(True)
+                    peer.sendall(data[:reply_left])
+                self.cuts.append((reply_left, len(data) - reply_left))
+                self._drop(pair)
+                return
         if self._replies_lost and sock is pair.upstream:
             pair.tainted = True
             self.replies_dropped += len(data)

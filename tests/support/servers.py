@@ -47,12 +47,14 @@ STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 # A small heap, the cheap JIT tier and the serial GC make a short-lived JVM
-# start in well under a second on a small machine.  preAllocSize (KiB) stops
+# start in well under a second on a small machine (the heap's maximum is
+# ZooKeeperServer's ``heap_mb``, DEFAULT_HEAP_MB unless asked).  preAllocSize (KiB) stops
 # every transaction log from pre-allocating 64 MiB; forceSync=no skips fsync,
 # which only matters for machine crashes, not for the process kills tests do.
+#: The maximum heap of a ZooKeeper the tests start (MB): plenty for their znodes. The bench's
+#: 100,000-entry ledgers need more (``python -m bench --zk-heap-mb``).
+DEFAULT_HEAP_MB = 256
 JVM_FLAGS = (
-    "-Xms32m",
-    "-Xmx256m",
     "-XX:+UseSerialGC",
     "-XX:TieredStopAtLevel=1",
     "-XX:-UsePerfData",
@@ -248,7 +250,9 @@ class ZooKeeperServer(_ServerProcess):
 
     ``extra_cfg`` adds or overrides zoo.cfg lines.  ``myid`` and ``peers``
     (``server.N=...`` lines) turn it into a ``QuorumPeerMain`` member; they are
-    meant for :class:`ZooKeeperEnsemble`.
+    meant for :class:`ZooKeeperEnsemble`.  ``heap_mb`` is the JVM's maximum
+    heap (``-Xmx``): ZooKeeper holds every znode in it, and a server without
+    room for them dies of ``OutOfMemoryError``.
     """
 
     _prefix = "zkbeat-zk-"
@@ -262,12 +266,16 @@ class ZooKeeperServer(_ServerProcess):
         port: int | None = None,
         myid: int | None = None,
         peers: Sequence[str] = (),
+        heap_mb: int = DEFAULT_HEAP_MB,
     ) -> None:
+        if heap_mb < 32:
+            raise ValueError(f"heap_mb must be at least 32 (the initial heap), got {heap_mb}")
         self._java = require_binary("java", JAVA_HINT, what="Java")
         require_binary(str(ZOOKEEPER_JAR), ZOOKEEPER_HINT, what="ZooKeeper")
         super().__init__()
         self._port = port or free_port()
         self.tick_time = tick_time
+        self.heap_mb = heap_mb
         self.myid = myid
         self.data_dir = self.dir / "data"
         self.data_dir.mkdir()
@@ -319,6 +327,8 @@ class ZooKeeperServer(_ServerProcess):
         main = STANDALONE_MAIN if self.myid is None else QUORUM_MAIN
         return [
             self._java,
+            "-Xms32m",
+            f"-Xmx{self.heap_mb}m",
             *JVM_FLAGS,
             "-cp",
             ZOOKEEPER_CLASSPATH,

@@ -4,26 +4,35 @@
 
 The schedule lives in django-celery-beat's tables, where operators edit it in
 the Django admin; which ticks ran lives in zkbeat's ledger in ZooKeeper.
-django-celery-beat's own scheduler assumes it is the only beat. Four of its
-habits would hurt with N replicas, and this module changes exactly those:
+django-celery-beat's own scheduler assumes it is the only beat, and a small
+schedule. Five of its habits would hurt with N replicas or many rows, and
+this module changes exactly those:
 
 * Its ``setup_schedule()`` upserts ``beat_schedule`` into the tables on every
-  replica at start-up. Here a replica does that once it leads (after its
-  first pass, so that a takeover publishes after one read).
-* Its ``schedule`` property may query the database on every access. Here a
-  follower sends no query at all, and the leader reads once per pass of its
-  loop; django-celery-beat's change tracking (``PeriodicTasks``) tells it of
-  anything added, edited, disabled or deleted in the admin since.
-* It writes ``last_run_at`` when it syncs, every few minutes and at exit.
-  Here only the leader syncs, and a replica that stops leading drops what it
-  had pending, so it never writes its stale view over a newer leader's. After
-  a failover the rows may be minutes behind, so the ledger decides each
-  entry's last run, unless the row itself vouches for one at least as new (a
-  one-off an operator re-armed after it ran: see ``ModelEntry.vouched_run``).
+  replica at start-up. Here a replica does that once it leads, right after
+  its first pass, so that it never delays a takeover's first publish.
+* Its ``schedule`` property may query the database on every access, and it
+  reads and rebuilds every enabled row whenever anything changed and every
+  five minutes. Here a follower sends no query at all; the leader reads the
+  tables when it takes over, then only what changed: django-celery-beat's
+  change tracking (``PeriodicTasks``) tells it something did, and the rows
+  are compared with what it built (zkbeat.contrib._table), with a full
+  comparison every ``FULL_RELOAD_INTERVAL`` for rows written around it.
+* It writes ``last_run_at`` when it syncs, every few minutes and at exit,
+  with two queries per row. Here only the leader syncs, many rows a
+  statement (zkbeat.contrib._runs), and a replica that stops leading drops
+  what it had pending, so it never writes its stale view over a newer
+  leader's. After a failover the rows may be minutes behind, so the ledger
+  decides each entry's last run, unless the row itself vouches for one at
+  least as new (a one-off an operator re-armed after it ran: see
+  ``ModelEntry.vouched_run``).
 * ``ModelEntry.__next__`` advances the row object in place, so the entry being
   published and its successor share one row: a claim that did not commit
   would still count a run (and so disable a one-off). Here each successor
   gets its own copy of the row.
+* Beat's heap asks every entry its clock to place it, and compares the whole
+  schedule with its last copy on every pass. Here interval rows are placed
+  by arithmetic (zkbeat.contrib._heap), and the heap follows each change.
 
 Rows written around the admin (raw SQL, ``QuerySet.update``) can hold what
 django-celery-beat cannot load or save: an unknown time zone, arguments that
@@ -37,35 +46,46 @@ the ledger, never the database, is what decides whether a tick ran.
 
 from __future__ import annotations
 
-import copy
+import contextlib
+import heapq
+import itertools
 import logging
+import math
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 from celery import beat
 from celery.utils.time import maybe_make_aware
-from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import Error as DatabaseError
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
+from django.db.transaction import TransactionManagementError
 from django_celery_beat import schedulers
 from django_celery_beat.models import PeriodicTask
+from kazoo.protocol.states import KazooState
 
-from ..ledger import EntryState
+from ..coordination.election import Fence
+from ..coordination.shards import shard_of, shard_root
+from ..leading.passgc import no_collection
+from ..leading.shard_state import ShardState
+from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
 from . import _rows
+from ._heap import Placer
+from ._runs import write_run_times
+from ._table import Changes, TaskTable
 
-__all__ = ["DatabaseScheduler", "ModelEntry"]
+__all__ = ["DatabaseScheduler", "ModelEntry", "keeps_own_run", "copy_row"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between full re-reads of the schedule even without a change
-#: (django-celery-beat's own rule: its crontab pre-filter depends on the hour).
-#: Releases before 2.8.1 have neither the pre-filter nor the constant; there
-#: the same five minutes cost one extra read.
+#: Seconds between full reads of the tables (every column of every enabled
+#: row, compared with what was built; only what differs is built again): the
+#: safety net for rows written without django-celery-beat's change marker
+#: (raw SQL, ``QuerySet.update``). django-celery-beat's own interval for its
+#: full re-read (``SCHEDULE_SYNC_MAX_INTERVAL``), five minutes.
 FULL_RELOAD_INTERVAL = getattr(schedulers, "SCHEDULE_SYNC_MAX_INTERVAL", 300)
-#: Reads of the schedule per reload when crontab rows keep turning bad under it.
-READ_ATTEMPTS = 3
 
 
 class ModelEntry(schedulers.ModelEntry):
@@ -101,12 +121,17 @@ class ModelEntry(schedulers.ModelEntry):
 
     def __next__(self) -> ModelEntry:
         # django-celery-beat advances self.model in place; a copy keeps this
-        # entry intact for a retry if its claim does not commit.
-        model = copy.copy(self.model)
+        # entry intact for a retry if its claim does not commit. The rest of
+        # the entry (schedule, arguments, options) is the row's and is shared,
+        # not built again from the row (three JSON documents) on every publish.
+        model = copy_row(self.model)
         model.last_run_at = self._default_now()
         model.total_run_count += 1
         model.no_changes = True
-        return self.__class__(model, app=self.app)
+        successor = self.__copy__()
+        successor.model = model
+        successor.row_last_run_at = model.last_run_at
+        return successor
 
     def __copy__(self) -> ModelEntry:
         # ScheduleEntry's __reduce__ rebuilds from its own constructor's
@@ -131,6 +156,16 @@ class ModelEntry(schedulers.ModelEntry):
         return None
 
 
+def keeps_own_run(entry: beat.ScheduleEntry, state: EntryState) -> bool:
+    """Keep the row's last run when it vouches for one at least as new as the ledger's.
+
+    The leader's rule (``DatabaseScheduler.keeps_own_run``), and the admin's
+    when it says when a row runs next (zkbeat.contrib.admin).
+    """
+    vouched = entry.vouched_run() if isinstance(entry, ModelEntry) else None
+    return vouched is not None and maybe_make_aware(vouched) >= state.last_run_at
+
+
 class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     """django-celery-beat's DatabaseScheduler with zkbeat's leadership and ledger.
 
@@ -138,15 +173,34 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     """
 
     Entry = ModelEntry
+    #: Which task names this replica builds and runs (None: every row). Rows
+    #: of other names are read as ids only and never held as entries.
+    entry_filter: Callable[[str], bool] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._host_set_up = False  # beat_schedule upserted (once, while leading)
-        self._reload_wanted = True
-        self._reloaded_at = 0.0
+        self._full_read_due = True
+        self._read_again = False
+        self._full_read_at = -math.inf
+        self._database_failing = False
+        self._loaded = False  # a read of the tables succeeded since leading began
+        #: The candidate this replica led under when a read of the tables last succeeded.
+        self._read_under: Fence | None = None
+        #: The schedule last read, set aside at a takeover under another candidate until a read succeeds.
+        self._aside: dict[str, ModelEntry] | None = None
+        self._one_offs_run: set[str] = set()  # one-off tasks published this pass
+        self._ties = itertools.count()  # heap priorities (zkbeat.contrib._heap)
         self._complaints = _rows.Complaints(logger)  # bad rows, each logged once
-        self._crontab_zones: set[str] | None = None  # of the read in progress
-        self._unloadable_crontabs: dict[int, str] = {}
+        self._table = TaskTable(self.Model, wanted=self.entry_filter)
+        #: With shards: the shards whose rows this replica builds and holds (led, or being taken over).
+        self._held_shards: set[int] = set()
+        #: With shards: each held shard's candidate when a read of the tables last succeeded.
+        self._shard_read_under: dict[int, Fence] = {}
+        #: With shards: the held shards whose rows loaded since their leadership began.
+        self._loaded_shards: set[int] = set()
         super().__init__(*args, **kwargs)
+        if self.sharded:
+            self._table.wanted = self._wants
 
     @property
     def schedule(self) -> dict[str, ModelEntry]:
@@ -161,166 +215,478 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         """Nothing at start-up: django-celery-beat's setup writes; it runs once leading."""
 
     def on_leadership_start(self) -> None:
-        """A new leader starts from the database's current schedule (one read, no write)."""
-        self._reload_wanted = True
+        """A new leader starts from the tables as they are now (a full read, no write).
+
+        It publishes only from a schedule read while it leads under this
+        candidate. One read under an earlier candidate is set aside until a
+        read succeeds (see :meth:`_take_back`): another leader may have led
+        in between, and rows may have been disabled, deleted or changed since.
+        A term begun again under the same candidate (a ZooKeeper connection
+        blip the session survived: nobody else can have led meanwhile) goes
+        on with the schedule it holds, and leads on it while reads fail, as
+        within a term. With shards the same holds for each shard's rows
+        (:meth:`_begin_shard`).
+        """
+        if self.sharded:
+            self._begin_shard()
+            return
+        self._full_read_due = True
+        self._loaded = False
+        if self._aside is None and self._read_under != self._fence():
+            self._aside, self._schedule = self._schedule or {}, {}
         try:
-            self._reload()
+            self._read(full=True)
         except DatabaseError as exc:
-            logger.error("zkbeat: cannot read the schedule from the database (%r); retrying on every pass", exc)
+            self._database_failed(exc)
 
     def on_leadership_end(self) -> None:
+        if self.sharded:
+            index = self._shard.index
+            mine = {name for name in self._dirty if self._shard_number(name) == index}
+            if mine:
+                logger.info(
+                    "zkbeat: not leading shard %d/%d: dropping unsynced run times of %s",
+                    index, self._shard.count, _names(mine),
+                )  # fmt: skip
+            self._dirty -= mine
+            self._loaded_shards.discard(index)
+            return
         if self._dirty:
-            logger.info("zkbeat: not leading: dropping unsynced run times of %s", ", ".join(sorted(self._dirty)))
+            logger.info("zkbeat: not leading: dropping unsynced run times of %s", _names(self._dirty))
         self._dirty.clear()
-        self._reload_wanted = True
+        self._full_read_due = True
+        self._loaded = False
+
+    def _fence(self) -> Fence | None:
+        """The candidate this replica leads under (the term's, or the one a term is beginning under)."""
+        if self.term is not None:
+            return self.term.fence
+        return self.election.leadership if self.election is not None else None
+
+    def _take_back(self) -> dict[str, ModelEntry] | None:
+        """A full read succeeded: the schedule set aside becomes the schedule again, for the read to update.
+
+        The table's marks are of the rows it was built from, so the read
+        builds again only what changed since, as within a term; every entry's
+        ledger state is read again before its next claim, and the heap is
+        rebuilt. Returns it, to be set aside again if applying the read fails.
+        """
+        aside, self._aside = self._aside, None
+        if aside is not None:
+            self._schedule = aside
+            self.schedule_replaced()
+        return aside
+
+    def schedule_loaded(self) -> bool:
+        """False until a read of the tables succeeds (each time leading begins), and again after one fails.
+
+        With shards: the current shard's rows (each shard's leadership begins on its own).
+        """
+        if self.sharded:
+            return self._shard.index in self._loaded_shards and not self._database_failing
+        return self._loaded and not self._database_failing
+
+    # -- shards --------------------------------------------------------------
+    #
+    # With zkbeat_shards = N, this replica holds the rows of the shards it
+    # leads (or is taking over), and nothing else: the table marks every
+    # enabled row but builds only those (``_wants``). One read serves every
+    # shard held, once per pass of beat's loop, before the shards' parts of
+    # the pass (``tick``); a shard whose leadership begins while a read of
+    # this pass already covered it under its candidate reads nothing more.
+
+    def _shard_number(self, name: str) -> int:
+        """The shard of row ``name`` (zkbeat.coordination.shards.shard_of), worked out once per name."""
+        index = self._shard_index.get(name)
+        if index is None:
+            root = shard_root(self.zk_settings.hosts, self.zk_settings.root)
+            index = self._shard_index[name] = shard_of(root, name, len(self._shards))
+        return index
+
+    def _wants(self, name: str) -> bool:
+        """Whether row ``name`` is built: a shard held here, and the class's own ``entry_filter``."""
+        if self.entry_filter is not None and not self.entry_filter(name):
+            return False
+        return self._shard_number(name) in self._held_shards
+
+    @staticmethod
+    def _fence_of(shard: ShardState) -> Fence | None:
+        """The candidate ``shard`` is led under now (its election's), else its term's (a connection suspended)."""
+        fence = shard.election.leadership if shard.election is not None else None
+        if fence is None and shard.term is not None:
+            fence = shard.term.fence
+        return fence
+
+    def _follow_shards(self) -> None:
+        """Before a pass: hold the rows of each shard now led here, drop those of each shard no longer led.
+
+        A shard led under another candidate than its rows were read under
+        (a step-down, a lost session) is read afresh, as a takeover is. A
+        shard whose leadership went while the connection is not back is
+        kept for now: a blip the session survives leads on with it.
+        """
+        client = self.zk_client
+        connected = client is not None and client.state == KazooState.CONNECTED
+        for shard in self._shards:
+            index = shard.index
+            fence = self._fence_of(shard)
+            if fence is None:
+                if index in self._held_shards and connected:
+                    self._release_shard(index)
+            elif index not in self._held_shards:
+                self._hold_shard(index)
+            elif self._shard_read_under.get(index, fence) != fence:
+                self._release_shard(index)
+                self._hold_shard(index)
+
+    def _hold_shard(self, index: int) -> None:
+        """Build shard ``index``'s rows from the next read (a full one: a takeover's)."""
+        self._held_shards.add(index)
+        self._table.forget(lambda name: self._shard_number(name) == index)
+        self._full_read_due = True
+
+    def _release_shard(self, index: int) -> None:
+        """Drop shard ``index``'s entries and unsynced run times (this replica no longer leads it)."""
+        self._held_shards.discard(index)
+        self._shard_read_under.pop(index, None)
+        self._loaded_shards.discard(index)
+        schedule = self.schedule
+        names = [name for name in schedule if self._shard_number(name) == index]
+        for name in names:
+            del schedule[name]
+        self._dirty.difference_update(names)
+        logger.info(
+            "zkbeat: not leading shard %d/%d: dropped its %d entries; holding %d entries%s",
+            index, len(self._shards), len(names), len(schedule), self._held_label(),
+        )  # fmt: skip
+
+    def _held_label(self) -> str:
+        held = sorted(self._held_shards)
+        if not held:
+            return " (no shard)"
+        return f" of shards {', '.join(map(str, held))} of {len(self._shards)}"
+
+    def _begin_shard(self) -> None:
+        """The current shard's leadership begins: its rows as read under this candidate, else read now.
+
+        Read in this pass already (``tick`` reads for every shard about to
+        be led), or before a blip the session survived: it goes on with
+        them. Otherwise its rows are built from a full read now; if that
+        fails the shard is not loaded, and steps aside after
+        ``zkbeat_stall_timeout`` (even under the same candidate: it holds
+        nothing to lead on).
+        """
+        index = self._shard.index
+        fence = self._fence()
+        self._loaded_shards.discard(index)
+        if index in self._held_shards and self._shard_read_under.get(index) == fence:
+            self._loaded_shards.add(index)
+            return
+        if self._shard_read_under.get(index) is not None:
+            self._release_shard(index)  # read under another candidate: set aside, as a takeover does
+        self._hold_shard(index)
+        try:
+            self._read(full=True)
+        except DatabaseError as exc:
+            self._database_failed(exc)
+            self._unloaded_since = time.monotonic()
+
+    def _leads_shard(self, shard: ShardState) -> bool:
+        with self.shard_current(shard):
+            return self.leading
+
+    def entries_replaced(self, names: Any) -> None:
+        """The mixin's, for every shard's term (one read serves them all)."""
+        if not self.sharded:
+            super().entries_replaced(names)
+            return
+        names = list(names)
+        for shard in self._shards:
+            if shard.term is not None:
+                with self.shard_current(shard):
+                    super().entries_replaced(names)
 
     def keeps_own_run(self, entry: beat.ScheduleEntry, state: EntryState) -> bool:
-        """Keep the row's last run when it vouches for one at least as new as the ledger's."""
-        vouched = entry.vouched_run() if isinstance(entry, ModelEntry) else None
-        return vouched is not None and maybe_make_aware(vouched) >= state.last_run_at
+        """The module's :func:`keeps_own_run`: the row's run when it is at least as new as the ledger's."""
+        return keeps_own_run(entry, state)
 
     # -- the loop ----------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        if self.sharded:
+            # Once per pass, for every shard held: not once per shard (the mixin
+            # runs this method again for each shard's part of the pass).
+            if not self._in_shard_pass and not self.closed:
+                self._follow_shards()
+                if self._held_shards:
+                    with self.leader_pass():
+                        self._refresh()
+            return super().tick(*args, **kwargs)
         if self.leading:
             with self.leader_pass():  # a hung query here is a hung leader too
                 self._refresh()
-        interval = super().tick(*args, **kwargs)
-        if self.leading and not self._host_set_up:
-            return 0  # the deferred upsert of beat_schedule comes right after this pass, not max_interval later
-        return interval
+        return super().tick(*args, **kwargs)
+
+    def after_leader_pass(self, interval: float) -> float:
+        """After each pass, the one-offs it ran are disabled; after the first, beat_schedule goes into the tables.
+
+        The upsert (django-celery-beat's own setup) is deferred from the
+        takeover to here so that it never delays the first publish, and done
+        before the loop waits, so that the entries it adds run at once.
+        """
+        ran, self._one_offs_run = self._one_offs_run, set()
+        if not self.leading:
+            return interval
+        if ran:
+            # django-celery-beat disables a one-off the next time it asks it
+            # is_due() after its run (the heap would not ask it again): now.
+            self._requeue(ran & self.schedule.keys())
+        if self._host_set_up:
+            return interval
+        try:
+            self._upsert_beat_schedule()
+            self._read(full=False)
+        except DatabaseError as exc:
+            self._database_failed(exc)
+            return interval
+        return 0
+
+    def _upsert_beat_schedule(self) -> None:
+        """django-celery-beat's setup_schedule: default entries and beat_schedule into the tables.
+
+        It also puts what it wrote into the schedule, behind the heap's and
+        the ledger's back; here it writes into a scratch schedule, and the
+        read that follows takes the rows it changed like any other edit.
+        """
+        live, self._schedule = self._schedule, {}
+        try:
+            schedulers.DatabaseScheduler.setup_schedule(self)
+        finally:
+            self._schedule = live
+        self._host_set_up = True
 
     def _refresh(self) -> None:
-        """Once per pass while leading: pick up admin changes, write run times when due."""
+        """Once per pass while leading: pick up changes to the tables, write run times when due."""
         try:
-            if not self._host_set_up:
-                # django-celery-beat's own setup: default entries and
-                # beat_schedule into the tables, where the admin shows them.
-                # Deferred from promotion to this replica's first full pass
-                # as leader, so that taking over costs a read, not a write
-                # per entry, before the first publish.
-                schedulers.DatabaseScheduler.setup_schedule(self)
-                self._host_set_up = True
-                self._reload_wanted = True
-            if (
-                self._reload_wanted
-                or self.schedule_changed()
-                or time.monotonic() - self._reloaded_at >= FULL_RELOAD_INTERVAL
-            ):
-                self.sync()  # what we ran reaches the rows before they are read back
-                self._reload()
+            if self._full_read_due or time.monotonic() - self._full_read_at >= FULL_RELOAD_INTERVAL:
+                self._read(full=True)
+            elif self._read_again or self.schedule_changed():
+                self._read(full=False)
             elif self._dirty and beat.Scheduler.should_sync(self):
                 self._do_sync()
         except DatabaseError as exc:
-            self._reload_wanted = True
-            logger.error("zkbeat: cannot read the schedule from the database (%r); keeping the last one read", exc)
+            self._database_failed(exc)
 
-    def _reload(self) -> None:
-        """Read every enabled task again; each is checked against the ledger before it runs."""
-        close_old_connections()
-        self._last_timestamp = self.Changes.last_change()
-        self._schedule = self.all_as_schedule()
-        self._reloaded_at = time.monotonic()
-        self._reload_wanted = False
-        self._dirty &= set(self._schedule)
-        # The rebuilt entries carry the rows' run times, which may be behind
-        # the ledger: the term reads the ledger for each before its first claim.
-        self.schedule_replaced()
+    def _database_failed(self, exc: DatabaseError) -> None:
+        """Keep the schedule last read and read again at the next pass; say so once per outage."""
+        self._read_again = True
+        if not self._database_failing:
+            self._database_failing = True
+            logger.error(
+                "zkbeat: cannot read the schedule from the database (%r); keeping the last one read, "
+                "trying again on every pass",
+                exc,
+            )
 
-    def all_as_schedule(self) -> dict[str, ModelEntry]:
-        """Every enabled task; a row that cannot become an entry is logged (once) and left out.
+    def schedule_changed(self) -> bool:
+        """Whether django-celery-beat's change marker moved since the last read.
 
-        django-celery-beat skips only rows that raise ValueError; anything else
-        (a period that is not a timedelta unit, solar without ``ephem``, a
-        crontab whose time zone is unknown) would end every reload, and with
-        it the schedule of every other task. Rows are checked first
-        (zkbeat.contrib._rows), so that a bad one fails neither the query
-        nor, later, a sync.
+        Compared by value, not "newer than": the marker is stamped by the
+        writer's clock, which may be behind the last writer's.
         """
-        self._complaints.begin_read()
-        for attempt in range(READ_ATTEMPTS):
-            self._crontab_zones, self._unloadable_crontabs = _rows.crontab_zones()
-            try:
-                # enabled_models() (with its crontab pre-filter) is django-celery-beat
-                # 2.8.1's; before it, the manager's enabled() is every enabled row.
-                if hasattr(self, "enabled_models"):
-                    models = list(self.enabled_models())
-                else:
-                    models = list(self.Model.objects.enabled())
-                break
-            except ValidationError:
-                # A crontab row turned bad between the check and the read:
-                # checked again, it is left out.
-                if attempt == READ_ATTEMPTS - 1:
-                    raise
-            finally:
-                self._crontab_zones = None
-        self._report_unloadable_crontabs()
-        loaded = {}
-        for model in models:
-            why = _rows.unfit(model)
-            if why is not None:
-                self._complaints.say(model.name, why, "zkbeat: leaving out periodic task %r: %s", model.name, why)
-                continue
-            try:
-                entry = self.Entry(model, app=self.app)
-            except DatabaseError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
-                why = _rows.reason(exc)
-                self._complaints.say(
-                    model.name, why, "zkbeat: leaving out periodic task %r: it cannot be scheduled: %r", model.name, exc
-                )
-                continue
-            loaded[model.name] = entry
-            if model.task not in self.app.tasks:
-                why = f"unregistered {model.task}"
-                self._complaints.say(
-                    model.name,
-                    why,
-                    "zkbeat: periodic task %r runs task %r, which this app has not registered; "
-                    "it is sent by name, as celery beat does",
-                    model.name,
-                    model.task,
-                    level=logging.WARNING,
-                )
-        self._complaints.end_read()
-        return loaded
+        close_old_connections()
+        with contextlib.suppress(TransactionManagementError):
+            transaction.commit()  # MySQL's repeatable read: see other commits (as django-celery-beat does)
+        return self.Changes.last_change() != self._last_timestamp
 
-    def _report_unloadable_crontabs(self) -> None:
-        """Name the enabled tasks on crontab rows that cannot load (and those rows no task uses)."""
-        unloadable = self._unloadable_crontabs
-        if not unloadable:
-            return
-        used = set()
-        on_them = self.Model.objects.filter(enabled=True, crontab_id__in=list(unloadable))
-        for name, pk in on_them.values_list("name", "crontab_id"):
-            used.add(pk)
-            why = unloadable[pk]
-            self._complaints.say(
+    def _read(self, full: bool) -> None:
+        """Read the tables (zkbeat.contrib._table), build what changed, drop what went."""
+        started = time.monotonic()
+        full = full or self._aside is not None  # a quick read finds only what changed since the set-aside schedule
+        close_old_connections()
+        marker = self.Changes.last_change()  # before the rows: a change after it is seen next time
+        with no_collection():  # a read builds 100,000 entries: no full collection walking them meanwhile
+            changes = self._table.read(full)
+            self.leader_progressed()  # a takeover's read of 100,000 rows is a long pass, not a hung one
+            replaced = changes.gone | changes.unloadable.keys() | {model.name for model in changes.rows}
+            aside = self._take_back()
+            built = {model.name for model in changes.rows}
+            # Of the entries held (the table also names rows it marked and never built: another shard's).
+            dropped = len({name for name in changes.gone if name in self.schedule} - built)
+            try:
+                if self._dirty & replaced:
+                    self.sync()  # what we ran reaches the rows of the entries about to be rebuilt
+                self._apply(changes)
+            except BaseException:
+                if aside is not None:  # not brought up to date: set aside again, nothing published from it
+                    self._aside, self._schedule = self._schedule, {}
+                    self.invalidate_heap()
+                raise
+            self._table.commit(changes)
+            self.leader_progressed()
+        self._last_timestamp = marker
+        self._read_again = not changes.complete
+        self._loaded = True
+        self._read_under = self._fence()
+        for shard in self._shards if self.sharded else ():
+            fence = self._fence_of(shard) if shard.index in self._held_shards else None
+            if fence is not None:
+                self._shard_read_under[shard.index] = fence
+                self._loaded_shards.add(shard.index)
+        if full:
+            self._full_read_due = False
+            self._full_read_at = time.monotonic()
+        if self._database_failing:
+            self._database_failing = False
+            logger.info("zkbeat: reading the schedule from the database again")
+        level = logging.INFO if replaced else logging.DEBUG
+        logger.log(
+            level,
+            "zkbeat: %s read of the schedule: %d enabled rows, %d read whole, %d entries built, %d dropped (%.1f ms)",
+            "full" if full else "quick",
+            changes.enabled,
+            changes.fetched,
+            len(changes.rows),
+            dropped,
+            (time.monotonic() - started) * 1000,
+        )
+        if self.sharded:
+            logger.log(level, "zkbeat: holding %d entries%s", len(self.schedule), self._held_label())
+
+    def _apply(self, changes: Changes) -> None:
+        """Put what a read found into the schedule, beat's heap and the term, leaving bad rows out."""
+        schedule = self.schedule
+        complaints = self._complaints
+        touched: set[str] = set()
+        for name in changes.gone:
+            complaints.forget(name)
+            if schedule.pop(name, None) is not None:
+                # Only an entry held: a row never built (another shard's, or left out) is on no heap,
+                # and no term need read its ledger state again.
+                touched.add(name)
+        for name, (pk, why) in changes.unloadable.items():
+            schedule.pop(name, None)
+            complaints.recheck(name)
+            complaints.say(
                 name, why, "zkbeat: leaving out periodic task %r: its crontab schedule #%s has a time zone "
                 "that cannot be loaded: %s", name, pk, why,
             )  # fmt: skip
-        for pk in sorted(set(unloadable) - used):
-            why = unloadable[pk]
-            self._complaints.say(
+            touched.add(name)
+        tasks = self.app.tasks
+        with _obvious_json():
+            for model in changes.rows:
+                complaints.recheck(model.name)
+                entry = self._entry(model, tasks)
+                if entry is None:
+                    schedule.pop(model.name, None)
+                else:
+                    schedule[model.name] = entry
+                touched.add(model.name)
+        for row in complaints.rows():
+            if row.startswith("crontab #"):
+                complaints.recheck(row)
+        for pk, why in sorted(changes.unused_zones.items()):
+            complaints.say(
                 f"crontab #{pk}", why, "zkbeat: crontab schedule #%s has a time zone that cannot be loaded: %s "
                 "(no enabled task uses it)", pk, why, level=logging.WARNING,
             )  # fmt: skip
+        complaints.settle()
+        self._dirty &= schedule.keys()
+        if touched:
+            # The rebuilt entries carry the rows' run times, which may be behind
+            # the ledger: the term reads the ledger for each before its next claim.
+            self.entries_replaced(touched)
+            self._requeue(touched)
 
-    def enabled_models_qs(self) -> Any:
-        """django-celery-beat's query, without tasks on crontab rows that cannot load."""
-        query = super().enabled_models_qs()
-        if self._unloadable_crontabs:
-            query = query.exclude(crontab_id__in=list(self._unloadable_crontabs))
-        return query
+    def _entry(self, model: PeriodicTask, tasks: Any) -> ModelEntry | None:
+        """The row as an entry; None (logged once) if it cannot be one."""
+        why = _rows.unfit(model)
+        if why is not None:
+            self._complaints.say(model.name, why, "zkbeat: leaving out periodic task %r: %s", model.name, why)
+            return None
+        try:
+            entry = self.Entry(model, app=self.app)
+        except DatabaseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
+            why = _rows.reason(exc)
+            self._complaints.say(
+                model.name, why, "zkbeat: leaving out periodic task %r: it cannot be scheduled: %r", model.name, exc
+            )
+            return None
+        if model.task not in tasks:
+            # Said once per task name, not per row: 100,000 rows may share one.
+            self._complaints.say(
+                f"task {model.task}",
+                "unregistered",
+                "zkbeat: periodic task %r runs task %r, which this app has not registered; "
+                "it is sent by name, as celery beat does (said once for all the rows that run it)",
+                model.name,
+                model.task,
+                level=logging.WARNING,
+            )
+        return entry
 
-    def _get_unique_timezone_names(self) -> Any:
-        # django-celery-beat reads these through the time-zone field, which
-        # raises on a single unknown zone, used or not: only known ones here.
-        if self._crontab_zones is not None:
-            return sorted(self._crontab_zones)
-        return sorted(_rows.crontab_zones()[0])
+    def all_as_schedule(self) -> dict[str, ModelEntry]:
+        """Every enabled task as an entry (django-celery-beat's API): the schedule after a full read."""
+        self._read(full=True)
+        return dict(self.schedule)
+
+    # -- beat's heap -------------------------------------------------------
+
+    def populate_heap(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's heap of every entry, placed by arithmetic where it can be (zkbeat.contrib._heap)."""
+        placer = Placer(self, ModelEntry, self._ties)
+        entries = self.schedule.values()
+        if self.sharded:
+            entries = [entry for entry in entries if self.in_shard(entry.name)]  # the current shard's
+        heap = [placer.event(entry) for entry in entries]
+        heapq.heapify(heap)
+        self._heap = heap
+        self.leader_progressed()
+
+    def _requeue(self, names: set[str]) -> None:
+        """Put these entries (as rebuilt, or not at all if dropped) on beat's heap, the others left in place.
+
+        With shards, on each shard's heap, the entries of that shard.
+        """
+        if self.sharded:
+            for shard in self._shards:
+                if shard._heap is not None:
+                    with self.shard_current(shard):
+                        self._requeue_here(names)
+            return
+        self._requeue_here(names)
+
+    def _requeue_here(self, names: set[str]) -> None:
+        heap = self._heap
+        if heap is None:
+            return  # built from the schedule at the next pass
+        placer = Placer(self, ModelEntry, self._ties)
+        kept = [event for event in heap if event[2].name not in names]
+        schedule = self.schedule
+        sharded = self.sharded
+        kept += [
+            placer.event(schedule[name]) for name in names if name in schedule and (not sharded or self.in_shard(name))
+        ]
+        heapq.heapify(kept)
+        self._heap = kept
+
+    def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:
+        # Beat compares the whole schedule with its last copy on every pass to
+        # see whether to rebuild the heap: 100,000 comparisons. This scheduler
+        # changes its schedule only in _apply, which puts the change on the
+        # heap itself (or drops the heap), so there is nothing to compare.
+        return True
+
+    # -- writing run times -------------------------------------------------
+
+    def reserve(self, entry: beat.ScheduleEntry) -> beat.ScheduleEntry:
+        """django-celery-beat's: the successor, its row marked to sync; a one-off is noted for after the pass."""
+        successor = super().reserve(entry)
+        if isinstance(successor, ModelEntry) and successor.model.one_off:
+            self._one_offs_run.add(successor.name)
+        return successor
 
     def should_sync(self) -> bool:
         # Celery asks inside apply_async, in the middle of a batch whose
@@ -331,41 +697,71 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         return False
 
     def sync(self) -> None:
-        """Write run times to the rows, only while leading (also at exit), one row at a time.
+        """Write run times to the rows, only while leading (also at exit), many rows a statement.
 
-        A row that its own ``save()`` now refuses (changed around the admin
-        since it was read) gets its run times written alone, is logged once
-        and is left out from the next read on; the other rows are saved.
+        ``last_run_at`` and ``total_run_count`` of each row that ran and is
+        still enabled, as django-celery-beat writes them, without a read of
+        the row first (zkbeat.contrib._runs). A row deleted since is skipped.
         """
-        if not self.leading:
+        if self.sharded:
+            led = {shard.index for shard in self._shards if self._leads_shard(shard)}
+            names = {name for name in self._dirty if self._shard_number(name) in led}
+        else:
+            names = self._dirty if self.leading else set()
+        if not names:
             return
         close_old_connections()
-        for name in sorted(self._dirty):
-            entry = (self._schedule or {}).get(name)
-            try:
-                if entry is not None:
-                    entry.save()
-            except ObjectDoesNotExist:
-                pass  # deleted in the admin since: the next read drops it
-            except DatabaseError as exc:
-                logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - one bad row must not cost the others their run times
-                if not self._save_refused(entry, exc):
-                    return
-            self._dirty.discard(name)
-
-    def _save_refused(self, entry: ModelEntry, exc: Exception) -> bool:
-        """Write the run times django-celery-beat's save() refused to, alone; False if the database failed."""
-        why = _rows.reason(exc)
-        self._complaints.say(
-            entry.name, why, "zkbeat: leaving out periodic task %r: its row cannot be saved (%s); "
-            "writing its run times alone", entry.name, why,
-        )  # fmt: skip
-        self._reload_wanted = True
+        schedule = self.schedule
+        runs = []
+        for name in sorted(names):
+            entry = schedule.get(name)
+            if entry is not None and entry.model.pk is not None:
+                runs.append((entry.model.pk, entry.model.last_run_at, entry.model.total_run_count))
         try:
-            _rows.write_fields(entry.model, ("last_run_at", "total_run_count"))
+            write_run_times(self.Model, runs)
         except DatabaseError as exc:
             logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
-            return False
-        return True
+            return
+        self._dirty.difference_update(names)
+
+
+@contextlib.contextmanager
+def _obvious_json() -> Iterator[None]:
+    """While entries are built: django-celery-beat's JSON parser skipped for ``[]`` and ``{}``.
+
+    Its ModelEntry parses a row's args, kwargs and headers with kombu's
+    ``loads``, which makes a new JSON decoder per call: a third of building
+    an entry, on texts that nearly every row holds as ``[]`` or ``{}``. The
+    result is the same (a new list or dict each time); any other text is
+    parsed as before. Only this loop's thread builds entries.
+    """
+    real = getattr(schedulers, "loads", None)
+    if real is None:
+        yield
+        return
+
+    def loads(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if text == "[]":
+            return []
+        if text == "{}":
+            return {}
+        return real(text, *args, **kwargs)
+
+    schedulers.loads = loads
+    try:
+        yield
+    finally:
+        schedulers.loads = real
+
+
+def copy_row(model: PeriodicTask) -> PeriodicTask:
+    """A shallow copy of a row object (its own run fields and model state), as ``copy.copy`` makes it, faster."""
+    clone = model.__class__.__new__(model.__class__)
+    clone.__dict__.update(model.__getstate__())
+    return clone
+
+
+def _names(names: set[str], shown: int = 20) -> str:
+    """Some names of a set that may hold 100,000."""
+    listed = ", ".join(sorted(names)[:shown])
+    return listed if len(names) <= shown else f"{listed} and {len(names) - shown} more"

@@ -1,0 +1,206 @@
+"""One zkbeat leader driven in this process: its CPU per publish, and the part of it the publish takes.
+
+``python -m bench.inproc steady`` runs 1,000 ``beat_schedule`` entries every
+5 s for a 20 s window; ``python -m bench.inproc burst`` makes 10,000 entries
+due at one moment. ZooKeeper and Redis come from tests/support/servers.py;
+a ``before_task_publish`` receiver records each publish, as bench/app.py's
+does. CPU is ``time.process_time()`` (all threads) and
+``time.thread_time()`` (beat's loop), and the time spent inside the
+publisher's calls is summed apart. ``--per-message`` forces the path
+RabbitMQ and older kombu take (zkbeat.leading.batch_publish.can_batch answers
+False), to compare. No number here is a sleep; the machine's load moves
+wall times, CPU times much less.
+
+``--entries N`` sets the size; ``burst --every S --rounds 2`` publishes a
+second round S seconds after each entry's first (every tick an entry's later
+one: the steady state), whose CPU per 1,000 and lateness (publish minus the
+tick's slot) are printed apart. The time spent in the fenced claims (wall,
+and CPU of beat's loop) and Python's garbage collections by generation are
+printed too; ``--profile FILE`` writes a cProfile of the window. Past 20,000
+entries ZooKeeper gets a 2 GB heap (the tests' 256 MB runs out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from celery import Celery
+from celery.signals import before_task_publish
+
+from tests.support import servers
+from tests.support.servers import RedisServer, ZooKeeperServer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", choices=["steady", "burst"])
+    parser.add_argument("--entries", type=int, help="entries (default 1,000 steady, 10,000 burst)")
+    parser.add_argument("--per-message", action="store_true", help="force the per-message publish path")
+    parser.add_argument("--every", type=float, help="burst: the entries' period in seconds (default 3,600)")
+    parser.add_argument("--rounds", type=int, default=1, help="burst: rounds to publish (the second and later: steady)")
+    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the window (beat's loop) to FILE")
+    args = parser.parse_args()
+    steady = args.scenario == "steady"
+    count = args.entries or (1000 if steady else 10000)
+    every = 5.0 if steady else args.every or 3600.0
+    rounds = 1 if steady else max(1, args.rounds)
+    logs = Path(tempfile.mkdtemp(prefix="zkbench-inproc-"))
+    logging.basicConfig(
+        level=logging.INFO,
+        filename=logs / "beat.log",
+        format="[%(created).6f %(process)d %(levelname)s %(name)s] %(message)s",
+    )
+    import zkbeat.leading.publisher as publisher_module
+    from zkbeat import Scheduler
+
+    if args.per_message:
+        publisher_module.can_batch = lambda app, producer: False
+    spent = [0.0]
+    for name in ("publish", "publish_many"):
+        original = getattr(publisher_module.Publisher, name)
+
+        def timed(*a, _original=original, **k):
+            started = time.thread_time()
+            try:
+                return _original(*a, **k)
+            finally:
+                spent[0] += time.thread_time() - started
+
+        setattr(publisher_module.Publisher, name, timed)
+
+    import zkbeat.ledger.store as ledger_module
+
+    claiming = [0.0, 0.0]  # wall, CPU of beat's loop inside the fenced claims
+    claim = ledger_module.Ledger.claim
+
+    def timed_claim(*a, **k):
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        try:
+            return claim(*a, **k)
+        finally:
+            claiming[0] += time.perf_counter() - started
+            claiming[1] += time.thread_time() - cpu_started
+
+    ledger_module.Ledger.claim = timed_claim
+    collecting = {"started": 0.0, "spent": [0.0, 0.0, 0.0], "count": [0, 0, 0]}
+
+    def _collecting(phase: str, info: dict) -> None:
+        if phase == "start":
+            collecting["started"] = time.perf_counter()
+        else:
+            collecting["spent"][info["generation"]] += time.perf_counter() - collecting["started"]
+            collecting["count"][info["generation"]] += 1
+
+    gc.callbacks.append(_collecting)
+    published = [0]
+    last_publish = [0.0]
+    record = (logs / "publishes.tsv").open("a", buffering=1)
+
+    late: list[list[float]] = [[] for _ in range(rounds + 1)]  # publish - slot, by round (1-based)
+    round_cpu: dict[int, float] = {}  # process CPU when each round's first publish came
+
+    @before_task_publish.connect(weak=False)
+    def _record(body=None, headers=None, **kwargs) -> None:
+        round_ = published[0] // count + 1
+        if round_ not in round_cpu:
+            round_cpu[round_] = time.process_time()
+        slot = (headers or {}).get("zkbeat-slot")
+        if slot and round_ <= rounds:
+            late[round_].append(time.time() - datetime.fromisoformat(slot).timestamp())
+        published[0] += 1
+        last_publish[0] = time.time()
+        record.write(f"{body[0][0]}\t{time.time():.6f}\n")
+
+    if count > 20000:
+        # The tests' ZooKeeper has a 256 MB heap: a 100,000-entry ledger and its writes exhaust it (the JVM
+        # takes the last -Xmx given).
+        servers.JVM_FLAGS = (*servers.JVM_FLAGS, "-Xmx2g")
+    zk, redis_server = ZooKeeperServer().start(), RedisServer().start()
+    scheduler = None
+    try:
+        due = datetime.now(timezone.utc) + timedelta(seconds=5 if steady else 8)
+        app = Celery("zkbench-inproc", set_as_current=False)
+        app.conf.update(
+            broker_url=redis_server.url,
+            zkbeat_hosts=zk.hosts,
+            zkbeat_root="/zkbench-inproc",
+            beat_schedule={
+                f"e-{i:05d}": {
+                    "task": "zkbench.noop",
+                    "schedule": timedelta(seconds=every),
+                    "args": (f"e-{i:05d}",),
+                    "last_run_at": due - timedelta(seconds=every),
+                }
+                for i in range(count)
+            },
+        )
+        scheduler = Scheduler(app)
+        assert scheduler.election.wait_for_leadership(timeout=30), "never led"
+
+        def run_until(stop) -> None:
+            while not stop():
+                time.sleep(min(scheduler.tick() or 0.0, 0.05 if not steady else 0.5))
+
+        if steady:
+            run_until(lambda: time.time() > due.timestamp() + every + 1)  # the first round
+        else:
+            run_until(lambda: time.time() > due.timestamp() - 0.5)
+        profiler = None
+        if args.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        cpu, main, before, spent[0] = time.process_time(), time.thread_time(), published[0], 0.0
+        collecting["spent"], collecting["count"] = [0.0, 0.0, 0.0], [0, 0, 0]
+        claiming[:] = [0.0, 0.0]
+        window_started = time.perf_counter()
+        if steady:
+            window_end = time.time() + 20
+            run_until(lambda: time.time() > window_end)
+        else:
+            limit = due.timestamp() + 300 + every * (rounds - 1)
+            run_until(lambda: published[0] >= count * rounds or time.time() > limit)
+        cpu, main, done = time.process_time() - cpu, time.thread_time() - main, published[0] - before
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+        collected = ", ".join(
+            f"gen {g}: {n} in {t:.2f} s" for g, (n, t) in enumerate(zip(collecting["count"], collecting["spent"]))
+        )
+        wall = "" if steady else f"; all published {last_publish[0] - due.timestamp():.2f} s after the due moment"
+        for round_ in range(2, rounds + 1):
+            got = sorted(late[round_])
+            if got:
+                ended = round_cpu.get(round_ + 1, time.process_time())
+                wall += (
+                    f"; round {round_}: {len(got)} published, CPU per 1,000 "
+                    f"{(ended - round_cpu[round_]) * 1e6 / len(got):.1f} ms, lateness p50 {got[len(got) // 2]:.2f} s, "
+                    f"p99 {got[min(len(got) - 1, int(len(got) * 0.99))]:.2f} s, max {got[-1]:.2f} s"
+                )
+        wall += (
+            f"; window {time.perf_counter() - window_started:.2f} s, of it in the fenced claims "
+            f"{claiming[0]:.2f} s ({claiming[1]:.2f} s of it CPU)"
+        )
+        path = "per message" if args.per_message else "as zkbeat chooses"
+        per = 1e6 / max(done, 1)
+        print(
+            f"{args.scenario}, {count} entries, {path}: {done} published; CPU per 1,000: {cpu * per:.1f} ms "
+            f"(beat's loop {main * per:.1f} ms, of it publishing {spent[0] * per:.1f} ms); "
+            f"leader CPU {cpu:.2f} s{wall}; garbage collections {collected}; logs in {logs}"
+        )
+    finally:
+        if scheduler is not None:
+            scheduler.close()
+        zk.stop()
+        redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()

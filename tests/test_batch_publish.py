@@ -1,0 +1,506 @@
+"""Ticks due together go to Redis in one pipeline, each message from a shape prepared once.
+
+What must hold on that path is what held one message at a time: every tick
+in the queue once, with zkbeat's headers (entry, slot, epoch), its task id
+and its arguments; and when the link drops in the middle of the write, the
+messages of the chunk being written count as "may have arrived" (never sent
+again), while those not yet written stay due and go out once later. A
+message longer than Redis takes is left out alone; ``after_task_publish``
+fires for each message Redis answered that it took, and for no other. The
+tests read the queue in Redis itself, past the proxy.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery.utils.saferepr import saferepr
+
+from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.proxy import TcpProxy
+from tests.support.servers import RedisServer
+from tests.test_uncertain_publish import uncertain_slots
+from zkbeat.leading import batch_publish
+from zkbeat.ticking.ticks import task_id_for
+
+ENTRIES = 12
+
+
+def queued_messages(port: int) -> list[dict]:
+    """Every message in Redis's default queue (each of its priority lists), oldest first within each."""
+    client = redis.Redis(port=port)
+    try:
+        raw = [item for key in sorted(client.keys("celery*")) for item in reversed(client.lrange(key, 0, -1))]
+    finally:
+        client.close()
+    return [json.loads(item) for item in raw]
+
+
+def run_count(scheduler: Any, entry: str) -> int:
+    return scheduler.ledger.load([entry])[entry].state.total_run_count
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[RedisServer, TcpProxy]]:
+    server = RedisServer().start()
+    proxy = TcpProxy(server.port).start()
+    yield server, proxy
+    proxy.close()
+    server.stop()
+
+
+def test_a_batch_puts_every_tick_in_the_queue_once_with_its_headers_task_id_and_arguments(
+    make_scheduler, own_redis: tuple[RedisServer, TcpProxy], published: Published
+) -> None:
+    """Entries due together go out through the pipeline: each tick once, headers, task id and body as Celery builds."""
+    server, _ = own_redis
+    entries = {f"batch-{n:02d}": every(1, n) for n in range(ENTRIES)}
+    entries["batch-own"] = every(1, "x", kwargs={"k": [1, 2]}, options={"headers": {"x-mine": "kept"}, "priority": 3})
+    scheduler = make_scheduler(entries, broker_url=server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 3 for name in entries), timeout=60)
+    batch = scheduler.term.publisher.batch
+    assert batch is not None and batch.shapes, "the ticks did not go through the pipeline path"
+    messages = queued_messages(server.port)
+    pairs = [(m["headers"]["zkbeat-entry"], m["headers"]["zkbeat-slot"]) for m in messages]
+    assert len(pairs) == len(set(pairs)), f"a tick was queued twice: {Counter(pairs).most_common(3)}"
+    root = scheduler.zk_settings.root
+    for message in messages:
+        headers, properties = message["headers"], message["properties"]
+        name, slot = headers["zkbeat-entry"], headers["zkbeat-slot"]
+        assert headers["zkbeat-epoch"] == scheduler.term.epoch
+        task_id = task_id_for(root, name, datetime.fromisoformat(slot))
+        assert headers["id"] == headers["root_id"] == properties["correlation_id"] == task_id
+        assert headers["task"] == "zkbeat.test"
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        if name == "batch-own":
+            assert (args, kwargs, headers["x-mine"]) == (["x"], {"k": [1, 2]}, "kept")
+            assert headers["argsrepr"] == "['x']" and properties["priority"] == 3
+        else:
+            assert args == [int(name.rsplit("-", 1)[1])] and kwargs == {}
+            assert headers["argsrepr"] == f"[{args[0]}]"
+    for name in entries:
+        assert run_count(scheduler, name) == sum(1 for entry, _ in pairs if entry == name), name
+
+
+def test_a_batch_cut_mid_write_counts_the_chunk_as_maybe_sent_and_sends_the_rest_once_later(
+    make_scheduler,
+    own_redis: tuple[RedisServer, TcpProxy],
+    published: Published,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The link drops inside a pipeline write: that chunk may have arrived, later chunks stay due; none twice."""
+    server, proxy = own_redis
+    monkeypatch.setattr(batch_publish, "CHUNK", 4)
+    entries = {f"cut-{n:02d}": every(2, n) for n in range(ENTRIES)}
+    scheduler = make_scheduler(
+        entries,
+        broker_url=f"redis://127.0.0.1:{proxy.port}/0",
+        broker_transport_options={"socket_timeout": 1},
+    )
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 1 for name in entries), timeout=60)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        proxy.cut_after(1500)  # inside the first message or two of the next pipeline write
+        wait_for(
+            lambda: scheduler.tick() is not None and "a batch of" in caplog.text,
+            timeout=30,
+            message=lambda: caplog.text,
+        )
+        after = {name: published.count(name) for name in entries}
+        wait_for(
+            lambda: scheduler.tick() is not None and all(published.count(n) >= after[n] + 2 for n in entries),
+            timeout=60,
+        )
+    assert proxy.cuts, "the write was never cut: the test proved nothing"
+    pairs = [(m["headers"]["zkbeat-entry"], m["headers"]["zkbeat-slot"]) for m in queued_messages(server.port)]
+    assert len(pairs) == len(set(pairs)), f"a tick was queued twice: {Counter(pairs).most_common(3)}"
+    uncertain = {(name, slot) for name in entries for slot in uncertain_slots(caplog, name)}
+    assert len(uncertain) == 4, f"the chunk being written is 'may have arrived', no more, no less: {uncertain}"
+    sent = {(h["zkbeat-entry"], h["zkbeat-slot"]) for h in published.headers if h["zkbeat-entry"] in entries}
+    assert sent <= set(pairs) <= sent | uncertain, "a message reached the queue that was neither sent nor uncertain"
+    assert "8 not tried" in caplog.text, caplog.text
+    for name in entries:
+        # Every run the ledger counts is in the queue, or was logged as maybe sent (and is at most once there).
+        mine = {slot for entry, slot in pairs if entry == name}
+        lost = {slot for entry, slot in uncertain if entry == name} - mine
+        assert run_count(scheduler, name) == len(mine) + len(lost), name
+
+
+def test_a_message_redis_refuses_in_a_batch_is_dropped_once_and_the_rest_go_out(
+    make_scheduler, own_redis: tuple[RedisServer, TcpProxy], published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error reply to one LPUSH (its queue's key now holds a string) drops that tick as celery beat would."""
+    server, _ = own_redis
+    entries = {f"fine-{n:02d}": every(1, n) for n in range(4)}
+    entries["refused"] = every(1, options={"queue": "refusing"})
+    scheduler = make_scheduler(entries, broker_url=server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("refused") >= 1, timeout=30)
+    client = redis.Redis(port=server.port)
+    client.delete("refusing")
+    client.set("refusing", "not a list")  # the queue was declared already: only the LPUSH itself fails now
+    client.close()
+    before = {name: published.count(name) for name in entries}
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(
+            lambda: (
+                scheduler.tick() is not None
+                and all(published.count(n) >= before[n] + 3 for n in entries if n != "refused")
+            ),
+            timeout=60,
+        )
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    refused = [r.getMessage() for r in caplog.records if "refused by the broker" in r.getMessage()]
+    assert refused and all(text.startswith("zkbeat: refused (slot") for text in refused), caplog.text[-3000:]
+    assert published.count("refused") == before["refused"], "after_task_publish fires only for what Redis took"
+    assert run_count(scheduler, "refused") == before["refused"] + len(refused), "each refused tick counts as run once"
+    assert scheduler.election.is_leader
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A Redis server of the test's own, reached directly (no proxy)."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def _lazy_now() -> int:
+    return 1
+
+
+def _queued(port: int) -> list[tuple[str, str]]:
+    return [(m["headers"]["zkbeat-entry"], m["headers"]["zkbeat-slot"]) for m in queued_messages(port)]
+
+
+def test_a_batch_keeps_one_shape_per_task_and_options_for_an_entry_with_a_lazy_argument(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """An entry whose arguments hold a BeatLazyFunc goes through Celery at every tick: the shape Celery builds
+    each time is the one already kept, not one more (memory would grow for the term's life)."""
+    from celery.beat import BeatLazyFunc
+
+    entries = {"lazy": every(1, BeatLazyFunc(_lazy_now)), "plain": every(1, 0)}
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 6 for n in entries), timeout=60)
+    batch = scheduler.term.publisher.batch
+    assert batch is not None, "the ticks did not go through the pipeline path"
+    shapes = sum(len(kept) for kept in batch.shapes.values())
+    # One task with one set of options: one shape is all there is to keep.
+    assert shapes <= 1, f"{shapes} shapes kept for 1 task and 1 set of options after {published.count('lazy')} ticks"
+
+
+def test_a_batch_fires_after_task_publish_for_an_entrys_first_tick_only_once_redis_took_it(
+    make_scheduler, redis_server: RedisServer, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An entry's first tick is built by Celery, which would fire after_task_publish before the batch is
+    written: Redis refuses it (WRONGTYPE), zkbeat drops it, and no receiver is told it was published."""
+    now = datetime.now(timezone.utc)
+    entries = {
+        "warm": every(1, options={"queue": "refusing"}),  # declares the queue on beat's connection first
+        "late": every(8, options={"queue": "refusing", "priority": 1}, last_run_at=now),  # other options: own shape
+    }
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("warm") >= 1, timeout=30)
+    client = redis.Redis(port=redis_server.port)
+    client.delete("refusing")
+    client.set("refusing", "not a list")  # from now on LPUSH to this queue gets WRONGTYPE
+    client.close()
+    assert published.count("late") == 0, "the test needs late's first tick after the key changed"
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(
+            lambda: scheduler.tick() is not None and "zkbeat: late (slot" in caplog.text,
+            timeout=60,
+            message=lambda: caplog.text[-3000:],
+        )
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("zkbeat: late (slot")]
+    assert refused and all("was refused by the broker" in text for text in refused), refused
+    assert published.count("late") == 0, "after_task_publish fired for a tick Redis refused and zkbeat dropped"
+
+
+def test_a_message_over_redis_bulk_limit_is_dropped_alone_and_the_rest_of_its_chunk_reaches_the_queue(
+    make_scheduler, redis_server: RedisServer, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis closes the connection on a message over its proto-max-bulk-len, and the commands written after it
+    never run: zkbeat leaves that message out (logged, dropped as the per-message path would lose it), so every
+    small tick of the pass that it counts as run is in the queue, pass after pass."""
+    client = redis.Redis(port=redis_server.port)
+    client.config_set("proto-max-bulk-len", 1024 * 1024)
+    client.close()
+    small = {f"small-{n}": every(1, n) for n in range(4)}
+    entries = {**small, "huge": every(1, "x" * (1024 * 1024 + 10))}
+    scheduler = make_scheduler(entries, broker_url=redis_server.url, broker_transport_options={"socket_timeout": 2})
+    lead(scheduler)
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        wait_for(lambda: scheduler.tick() is not None and caplog.text.count("zkbeat: huge (slot") >= 4, timeout=60)
+    assert "proto-max-bulk-len" in caplog.text, caplog.text[-3000:]
+    queued = set(_queued(redis_server.port))
+    assert not any(entry == "huge" for entry, _ in queued), "the oversized message reached the queue"
+    lost = {}
+    for name in small:
+        runs = run_count(scheduler, name)
+        there = sum(1 for entry, _ in queued if entry == name)
+        if runs != there:
+            lost[name] = runs - there
+    assert not lost, f"ticks counted as run that never reached the queue: {lost}"
+
+
+def test_a_batch_cut_while_replies_are_read_fires_after_task_publish_for_every_answered_message(
+    make_scheduler, redis_server: RedisServer, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The link closes while the pipeline's replies are read: each message whose reply was read is published
+    and announced (after_task_publish); the rest are logged as may have arrived. None is in the queue silently."""
+    proxy = TcpProxy(redis_server.port).start()
+    try:
+        entries = {f"reply-{n}": every(2, n) for n in range(6)}
+        scheduler = make_scheduler(
+            entries, broker_url=f"redis://127.0.0.1:{proxy.port}/0", broker_transport_options={"socket_timeout": 2}
+        )
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 1 for n in entries), timeout=60)
+        with caplog.at_level(logging.INFO, logger="zkbeat"):
+            proxy.cut_replies_after(9)  # two LPUSH replies (":N\r\n") whole, then the link closes
+            wait_for(lambda: scheduler.tick() is not None and "a batch of" in caplog.text, timeout=30)
+        assert proxy.cuts, "the replies were never cut: the test proved nothing"
+        signalled = {(h["zkbeat-entry"], h["zkbeat-slot"]) for h in published.headers}
+        uncertain = {(name, slot) for name in entries for slot in uncertain_slots(caplog, name)}
+        silent = {pair for pair in _queued(redis_server.port) if pair not in signalled and pair not in uncertain}
+        assert not silent, f"{len(silent)} messages Redis took and answered, never signalled: {sorted(silent)}"
+    finally:
+        proxy.close()
+
+
+def test_a_batch_forgets_the_prepared_messages_of_entries_that_left_the_schedule(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Entries that come and go under new names (one-off rows) leave nothing behind in the term's prepared
+    bodies once they are out of the schedule."""
+    scheduler = make_scheduler({"steady": every(1, 0)}, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("steady") >= 1, timeout=30)
+    for n in range(8):
+        name = f"one-off-{n}"
+        scheduler.update_from_dict({name: every(1, n)})
+        wait_for(lambda name=name: scheduler.tick() is not None and published.count(name) >= 2, timeout=30)
+        del scheduler.schedule[name]
+        scheduler.tick()
+    batch = scheduler.term.publisher.batch
+    assert batch is not None, "the ticks did not go through the pipeline path"
+    kept = sorted(set(batch.bodies) - set(scheduler.schedule))
+    assert not kept, f"{len(kept)} bodies kept for entries no longer in the schedule: {kept}"
+
+
+_ROUTE = {"queue": "route-a"}
+
+
+def _dynamic_route(name, args, kwargs, options, task=None, **kw):
+    """A router function whose answer changes (a feature flag, a setting read at send time)."""
+    return {"queue": _ROUTE["queue"]}
+
+
+def test_a_batch_asks_a_router_function_at_every_tick(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery asks a router function at every send: once it moves the task to another queue, the batch's
+    next ticks go there, not to the queue of its first answer."""
+    _ROUTE["queue"] = "route-a"
+    scheduler = make_scheduler({"routed": every(1, 0)}, broker_url=redis_server.url, task_routes=(_dynamic_route,))
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("routed") >= 2, timeout=30)
+    _ROUTE["queue"] = "route-b"
+    before = published.count("routed")
+    wait_for(lambda: scheduler.tick() is not None and published.count("routed") >= before + 3, timeout=30)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    client = redis.Redis(port=redis_server.port)
+    try:
+        in_b = client.llen("route-b")
+    finally:
+        client.close()
+    assert in_b >= 2, f"{in_b} ticks in route-b after the router moved the task there"
+
+
+def test_an_entrys_first_message_made_from_its_shape_is_the_message_kombu_writes_for_it(
+    make_scheduler, own_redis: tuple[RedisServer, TcpProxy], published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries of one shape: from the third on, the first message is the shape's with the entry's fields put in.
+
+    Each such message is compared, byte for byte, with the one kombu writes
+    on the same channel for the same entry, task id, slot and delivery tag;
+    and every tick is in the queue once with its own arguments.
+    """
+    server, _ = own_redis
+    entries = {f"shaped-{n:02d}": every(30, n, f"shaped-{n:02d}") for n in range(ENTRIES)}
+    entries.update(
+        {
+            "ünïcode-名前": every(30, "ünï", kwargs={"k": "名前"}),
+            'quote"d': every(30, 'say "hi"', kwargs={"q": "it's"}),
+            "back\\slash": every(30, "a\\b", kwargs={"nested": {"x": [1, 2.5, None, True]}}),
+            "no-args": every(30),
+            "[1]": every(30, 1),  # its name is another entry's argsrepr
+        }
+    )
+    compared: list[str] = []
+    original = batch_publish.BatchSender._from_shape
+
+    def checked(self, entry, body, extra, channel):
+        template = original(self, entry, body, extra, channel)
+        if template is not None:
+            task_id = task_id_for(scheduler.zk_settings.root, entry.name, datetime.now(timezone.utc))
+            headers, properties = self._patched(body, task_id, extra)
+            message = channel.prepare_message(
+                body.data, body.shape.priority, body.content_type, body.content_encoding, headers, properties
+            )
+            kombus = self._record(channel, message, body.shape)
+            tag = message["properties"]["delivery_tag"]
+            assert template.commands(task_id, extra["zkbeat-slot"], tag) == kombus, entry.name
+            compared.append(entry.name)
+        return template
+
+    monkeypatch.setattr(batch_publish.BatchSender, "_from_shape", checked)
+    scheduler = make_scheduler(entries, broker_url=server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 1 for name in entries), timeout=60)
+    # Through kombu, at most four, by the order the pass met them in: the one the template is cut from and the
+    # one it is checked on, and the same again when a check fails (a message whose fields cannot all be told
+    # apart, such as "[1]"'s, named like another entry's argsrepr, met before the template was checked).
+    assert len(compared) >= len(entries) - 4, f"first messages made from the shape: {compared}"
+    messages = queued_messages(server.port)
+    assert sorted(m["headers"]["zkbeat-entry"] for m in messages) == sorted(entries)
+    for message in messages:
+        name, headers = message["headers"]["zkbeat-entry"], message["headers"]
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        assert args == list(entries[name]["args"]) and kwargs == entries[name].get("kwargs", {}), name
+        assert headers["argsrepr"] == saferepr(list(entries[name]["args"]) or ()), name  # as Celery writes it
+        assert headers["kwargsrepr"] == saferepr(entries[name].get("kwargs", {})), name
+        assert headers["id"] == message["properties"]["correlation_id"], name
+
+
+def test_a_before_task_publish_receiver_that_changes_a_nested_header_is_in_every_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """A receiver that writes into a header's own dict (Celery's ``stamps``) changes the message: each tick goes
+    out with what the receiver wrote for it, as through Celery, not with the bytes of the entry's first message."""
+    from celery.signals import before_task_publish
+
+    calls = iter(range(1, 1_000_000))
+    entries = {f"stamped-{n}": every(1, n) for n in range(5)}
+
+    def stamp(headers: dict | None = None, **_: Any) -> None:
+        stamps = headers.get("stamps")
+        if isinstance(stamps, dict):
+            stamps["seq"] = next(calls)
+
+    before_task_publish.connect(stamp, weak=False)
+    try:
+        scheduler = make_scheduler(entries, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    finally:
+        before_task_publish.disconnect(stamp)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    messages = queued_messages(redis_server.port)
+    seqs = Counter(m["headers"]["stamps"].get("seq") for m in messages)
+    assert all(count == 1 for count in seqs.values()), f"messages sent with another message's stamp: {seqs}"
+
+
+def test_a_before_task_publish_receiver_that_sets_a_header_where_missing_sets_it_in_every_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery builds each message's headers afresh, so ``headers.setdefault(key, value)`` in a receiver gives
+    every message its own value; zkbeat's messages of one shape must too."""
+    from celery.signals import before_task_publish
+
+    calls = iter(range(1, 1_000_000))
+    entries = {f"traced-{n}": every(1, n) for n in range(5)}
+
+    def trace(headers: dict | None = None, **_: Any) -> None:
+        if headers is not None:
+            headers.setdefault("x-trace", next(calls))
+
+    before_task_publish.connect(trace, weak=False)
+    try:
+        scheduler = make_scheduler(entries, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    finally:
+        before_task_publish.disconnect(trace)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    traces = Counter(m["headers"].get("x-trace") for m in queued_messages(redis_server.port))
+    assert all(count == 1 for count in traces.values()), f"messages sent with another message's trace: {traces}"
+
+
+def test_a_before_task_publish_receiver_that_adds_a_keyword_argument_has_it_in_every_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery hands ``before_task_publish`` the body it then serialises: a receiver that adds a keyword argument
+    (a tenant, a request id) has it in the message Celery sends, at every tick; the entry's own kwargs stay as
+    they were (Celery builds a new dict from them for each message)."""
+    from celery.signals import before_task_publish
+
+    entries = {f"tenanted-{n}": every(1, n, kwargs={"n": n}) for n in range(4)}
+
+    def tenant(body: Any = None, **_: Any) -> None:
+        if isinstance(body, (tuple, list)) and len(body) == 3 and isinstance(body[1], dict):
+            body[1]["tenant"] = "acme"
+
+    before_task_publish.connect(tenant, weak=False)
+    try:
+        scheduler = make_scheduler(entries, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    finally:
+        before_task_publish.disconnect(tenant)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    messages = queued_messages(redis_server.port)
+    missing = [
+        (m["headers"]["zkbeat-entry"], m["headers"]["zkbeat-slot"])
+        for m in messages
+        if json.loads(base64.b64decode(m["body"]))[1].get("tenant") != "acme"
+    ]
+    assert not missing, f"{len(missing)} of {len(messages)} messages lack the receiver's keyword argument: {missing}"
+    for name, entry in scheduler.schedule.items():
+        if name in entries:
+            assert entry.kwargs == {"n": entries[name]["kwargs"]["n"]}, f"{name}'s own kwargs changed: {entry.kwargs}"
+
+
+def test_a_header_a_receiver_sets_on_an_entrys_first_message_only_is_in_that_message_only(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """A receiver that marks each entry's first message (and leaves the later ones alone): Celery sends the mark
+    once per entry; the messages after must not be made from the marked one."""
+    from celery.signals import before_task_publish
+
+    entries = {f"marked-{n}": every(1, n) for n in range(4)}
+    marked: set[str] = set()
+
+    def mark(headers: dict | None = None, **_: Any) -> None:
+        name = (headers or {}).get("zkbeat-entry")
+        if name is not None and name not in marked:
+            marked.add(name)
+            headers["x-first"] = True  # type: ignore[index]
+
+    before_task_publish.connect(mark, weak=False)
+    try:
+        scheduler = make_scheduler(entries, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    finally:
+        before_task_publish.disconnect(mark)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    firsts = Counter(
+        m["headers"]["zkbeat-entry"] for m in queued_messages(redis_server.port) if "x-first" in m["headers"]
+    )
+    assert firsts == Counter({name: 1 for name in entries}), f"messages with the first message's mark: {firsts}"

@@ -1,0 +1,156 @@
+"""The dashboard's model against a real ZooKeeper: it follows changes through watches alone, after a lost
+session too, and survives data zkbeat cannot read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from tests.support.helpers import every, lead, wait_for
+from tests.support.servers import ZooKeeperServer, expire_session
+from zkbeat.conf import read_settings
+from zkbeat.coordination._zookeeper import make_client
+from zkbeat.coordination.shards import shard_of
+from zkbeat.ledger import controls
+from zkbeat.ops.dashboard.model import ClusterModel
+
+
+@pytest.fixture
+def model(zk_server: ZooKeeperServer, zk_root: str) -> Iterator[ClusterModel]:
+    client = KazooClient(zk_server.hosts)
+    client.start(timeout=15)
+    made = ClusterModel(client, read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root}, None))
+    made.start()
+    yield made
+    made.stop()
+    client.stop()
+    client.close()
+
+
+def entry(model: ClusterModel, name: str) -> dict[str, Any] | None:
+    return next((e for e in model.snapshot()["entries"] if e["name"] == name), None)
+
+
+def test_the_model_follows_the_cluster_across_a_lost_session_and_survives_bad_data(
+    make_scheduler: Callable[..., Any],
+    model: ClusterModel,
+    zk_client: KazooClient,
+    zk_root: str,
+    zk_server: ZooKeeperServer,
+) -> None:
+    """Entries, pauses, strangers and unreadable znodes reach the model by watches, also after its session expired."""
+    scheduler = make_scheduler({"a": every(0.2)}, identity="leader-1")
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and entry(model, "a") is not None, timeout=15)
+    shard = model.snapshot()["shards"][0]
+    assert shard["leader"]["identity"] == "leader-1"
+    before = entry(model, "a")["total_run_count"]
+    wait_for(lambda: scheduler.tick() is not None and entry(model, "a")["total_run_count"] > before, timeout=10)
+
+    # Its recent runs, newest first, by the in-process leader.
+    runs = entry(model, "a")["recent_runs"]
+    assert runs and {run["replica"] for run in runs} == {"leader-1"} and runs[0]["kind"] == "scheduled"
+    assert [run["at"] for run in runs] == sorted((run["at"] for run in runs), reverse=True)
+
+    zk_client.create(f"{zk_root}/v1/entries/broken", b"\xff not json")
+    # A readable state whose history is not: the state shows, the history is empty.
+    half = b'{"last_run_at": "2026-01-01T12:00:00+00:00", "total_run_count": 7, "recent": [["junk"]]}'
+    zk_client.create(f"{zk_root}/v1/entries/half", half)
+    zk_client.create(f"{zk_root}/v1/election/somebody-elses", b"{}")
+    wait_for(lambda: entry(model, "broken") is not None and entry(model, "broken")["readable"] is False, timeout=10)
+    wait_for(lambda: entry(model, "half") is not None, timeout=10)
+    assert entry(model, "half")["readable"] and entry(model, "half")["total_run_count"] == 7
+    assert entry(model, "half")["recent_runs"] == []
+    wait_for(lambda: model.snapshot()["shards"][0]["strangers"], timeout=10)
+    assert model.snapshot()["shards"][0]["leader"]["identity"] == "leader-1"
+
+    expire_session(model.client, zk_server.hosts)
+    wait_for(lambda: model.connection == "CONNECTED", timeout=15)
+    controls.pause(zk_client, zk_root, "a", "tester", "after the expiry")
+    wait_for(lambda: (entry(model, "a")["paused"] or {}).get("note") == "after the expiry", timeout=10)
+    zk_client.delete(f"{zk_root}/v1/entries/broken")
+    wait_for(lambda: entry(model, "broken") is None, timeout=10)
+    changes = model.changes(0)
+    assert "broken" in changes["removed"]
+
+    scheduler.close()  # the leader leaves: the model sees an empty line
+    wait_for(lambda: model.snapshot()["shards"][0]["leader"] is None, timeout=10)
+    observed = model.snapshot()["epochs"]["observed"]
+    assert observed[-1]["identity"] == "leader-1" and observed[-1]["until"] is not None
+
+
+def test_the_model_reads_an_acl_root_with_the_apps_credentials_and_says_when_it_has_none(
+    make_scheduler: Callable[..., Any], zk_server: ZooKeeperServer, zk_root: str
+) -> None:
+    """With the app's zkbeat_auth the model reads an ACL'd root; without it, it says NoAuth rather than show nothing."""
+    auth = [("digest", "beat:s3cret")]
+    scheduler = make_scheduler({"a": every(0.2)}, zkbeat_auth=auth)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and scheduler.metrics.last_publish is not None, timeout=15)
+    for given, readable in ((auth, True), (None, False)):
+        settings = read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "zkbeat_auth": given}, None)
+        client = make_client(settings)
+        client.start(timeout=15)
+        made = ClusterModel(client, settings).start()
+        try:
+            if readable:
+                wait_for(lambda m=made: entry(m, "a") is not None, timeout=10)
+                assert made.snapshot()["error"] is None
+            else:
+                wait_for(lambda m=made: m.snapshot()["error"], timeout=10)
+                assert "NoAuth" in made.snapshot()["error"] and made.snapshot()["entries"] == []
+        finally:
+            made.stop()
+            client.stop()
+            client.close()
+
+
+def test_the_model_shows_each_shard_s_election(
+    make_scheduler: Callable[..., Any], zk_server: ZooKeeperServer, zk_root: str
+) -> None:
+    """With zkbeat_shards = 3, ``shards`` holds three elements, each with its own line and announced leader,
+    and each entry its shard."""
+    first = make_scheduler({"a": every(0.5), "b": every(0.5)}, identity="one", zkbeat_shards=3)
+    second = make_scheduler({"a": every(0.5), "b": every(0.5)}, identity="two", zkbeat_shards=3)
+    for scheduler in (first, second):
+        scheduler.wait_in_tick = False
+    client = KazooClient(zk_server.hosts)
+    client.start(timeout=15)
+    settings = read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "zkbeat_shards": 3}, None)
+    model = ClusterModel(client, settings).start()
+    try:
+
+        def every_shard_led() -> bool:
+            first.tick()
+            second.tick()
+            shards = model.snapshot()["shards"]
+            return len(shards) == 3 and all(s["leader"] is not None and len(s["candidates"]) == 2 for s in shards)
+
+        wait_for(every_shard_led, timeout=30, message=lambda: repr(model.snapshot()["shards"]))
+        shards = model.snapshot()["shards"]
+        assert [s["shard"] for s in shards] == [0, 1, 2]
+        assert [s["election"] for s in shards] == [f"{zk_root}/v1/shards/3/{k}/election" for k in range(3)]
+        assert {s["leader"]["identity"] for s in shards} <= {"one", "two"}
+
+        # Each entry's shard is the one its leaders run it in, and "by" names its shard's leader of that epoch.
+        def every_entry_ran() -> bool:
+            first.tick()
+            second.tick()
+            entries = model.snapshot()["entries"]
+            return {e["name"] for e in entries} == {"a", "b"} and all(e["by"] for e in entries)
+
+        wait_for(every_entry_ran, timeout=30, message=lambda: repr(model.snapshot()["entries"]))
+        entries = {e["name"]: e for e in model.snapshot()["entries"]}
+        assert {name: e["shard"] for name, e in entries.items()} == {n: shard_of(zk_root, n, 3) for n in ("a", "b")}
+        for e in entries.values():
+            # (Its candidate is still in line unless the fair share moved leadership since.)
+            for candidate in shards[e["shard"]]["candidates"]:
+                if candidate["sequence"] == e["epoch"]:
+                    assert e["by"] == candidate["identity"], (e, shards[e["shard"]])
+    finally:
+        model.stop()
+        client.stop()
+        client.close()

@@ -1,0 +1,117 @@
+"""A leader's planning of a tick, in-process against real ZooKeeper and Redis: what it reads once.
+
+An entry's policy options (grace, catch-up, jitter) are parsed when the
+schedule is read, not at every tick (zkbeat.ticking.policy), and a pass reads the
+app's clock once, not several times per entry (zkbeat.ticking.passclock); the pass
+runs without Python's cyclic collector, whose full collections walk the
+whole schedule (zkbeat.leading.passgc). Counted, not timed.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Iterator
+
+import celery.app.base
+import pytest
+from celery.signals import before_task_publish
+
+from tests.support.helpers import Published, every, lead, wait_for
+
+GRACE_COMPLAINT = "using zkbeat_misfire_grace_time instead"
+CATCHUP_COMPLAINT = "using zkbeat_catchup"
+
+
+def complaints(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return len([record for record in caplog.records if text in record.getMessage()])
+
+
+def test_a_bad_entry_option_is_logged_once_not_at_every_tick(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bad grace and catch-up options: the setting is used, and each is logged once over many ticks."""
+    options = {"zkbeat_misfire_grace_time": "soon", "zkbeat_catchup": "sometimes"}
+    scheduler = make_scheduler({"odd": every(0.2, options=options)})
+    lead(scheduler)
+    with caplog.at_level(logging.ERROR, logger="zkbeat"):
+        wait_for(lambda: scheduler.tick() is not None and published.count("odd") >= 5, timeout=20)
+    assert complaints(caplog, GRACE_COMPLAINT) == 1
+    assert complaints(caplog, CATCHUP_COMPLAINT) == 1
+
+
+def test_a_changed_entry_is_parsed_again(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The policy is kept with the entry's options: an entry read again from a changed schedule is parsed again."""
+    scheduler = make_scheduler({"tidy": every(0.2)})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= 2, timeout=20)
+    with caplog.at_level(logging.ERROR, logger="zkbeat"):
+        scheduler.update_from_dict({"tidy": every(0.2, options={"zkbeat_misfire_grace_time": "soon"})})
+        before = published.count("tidy")
+        wait_for(lambda: scheduler.tick() is not None and published.count("tidy") >= before + 3, timeout=20)
+    assert complaints(caplog, GRACE_COMPLAINT) == 1
+
+
+def test_a_pass_reads_the_app_clock_once_not_per_entry(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 interval entries every 0.5 s: Celery's app.now() is read less than once per publish (it was ~7)."""
+    names = [f"steady-{i:02d}" for i in range(50)]
+    scheduler = make_scheduler({name: every(0.5) for name in names})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= 100, timeout=30)
+    reads = [0]
+    to_utc = celery.app.base.to_utc
+
+    def counted(moment):
+        reads[0] += 1
+        return to_utc(moment)
+
+    monkeypatch.setattr(celery.app.base, "to_utc", counted)  # inside Celery's app.now(), which stays Celery's
+    start = len(published.headers)
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= start + 200, timeout=30)
+    done = len(published.headers) - start
+    assert reads[0] < done, f"app.now() read {reads[0]} times for {done} publishes"
+
+
+@pytest.fixture
+def collector_seen() -> Iterator[list[bool]]:
+    """Whether Python's cyclic collector was on, at each message this process is about to publish."""
+    seen: list[bool] = []
+
+    def record(**kwargs) -> None:
+        seen.append(gc.isenabled())
+
+    before_task_publish.connect(record, weak=False)
+    yield seen
+    before_task_publish.disconnect(record)
+
+
+def test_a_pass_claims_and_publishes_with_the_cyclic_collector_off_and_turns_it_on_after(
+    make_scheduler, published: Published, collector_seen: list[bool]
+) -> None:
+    """A full collection walks the whole schedule: none during a leader's pass (leading.passgc), on again after."""
+    assert gc.isenabled()
+    scheduler = make_scheduler({f"kept-{i:02d}": every(0.2) for i in range(20)})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= 60, timeout=30)
+    assert gc.isenabled(), "the collector stayed off after the pass"
+    assert len(collector_seen) >= 60 and not any(collector_seen), "a message was published with the collector on"
+    assert sorted(set(published.entries())) == [f"kept-{i:02d}" for i in range(20)]
+
+
+def test_a_pass_leaves_the_collector_off_where_the_application_turned_it_off(
+    make_scheduler, published: Published, collector_seen: list[bool]
+) -> None:
+    """An application that runs without the cyclic collector keeps it off through the leader's passes."""
+    scheduler = make_scheduler({"off": every(0.2)})
+    lead(scheduler)
+    gc.disable()
+    try:
+        wait_for(lambda: scheduler.tick() is not None and published.count("off") >= 3, timeout=20)
+        assert not gc.isenabled(), "a pass turned on the collector the application had turned off"
+    finally:
+        gc.enable()
+    assert collector_seen and not any(collector_seen)

@@ -1,0 +1,75 @@
+"""Writing run times back to django-celery-beat's rows: many rows per statement.
+
+django-celery-beat writes each row it ran with ``save()``: a read of the
+row, then a write of every column, two queries a row. A leader that runs
+10,000 rows a minute would send 60,000 queries at each three-minute sync
+(100,000 rows: a minute of a blocked loop). Here the two fields it writes
+(``last_run_at``, ``total_run_count``) go out in one ``UPDATE ... FROM
+(VALUES ...)`` per few hundred rows on PostgreSQL and SQLite (3.33 and
+newer), and one ``UPDATE`` per row elsewhere.
+
+Only rows still enabled are written (``save()`` clears ``last_run_at`` of a
+disabled row; a row disabled since it ran keeps it cleared). Neither
+``save()``'s checks nor its signals run: ``date_changed`` stays the
+operator's last edit, and the write is not mistaken for one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+
+from django.db import connections, router
+from django.db.models import Model
+
+__all__ = ["write_run_times"]
+
+#: Rows per statement: PostgreSQL takes any number; SQLite before 3.32 took 999 parameters.
+CHUNK = {"postgresql": 1000, "sqlite": 300}
+
+
+def write_run_times(model: type[Model], runs: Sequence[tuple[int, datetime, int]]) -> None:
+    """Write (pk, last_run_at, total_run_count) to each row of ``model`` that is still enabled."""
+    if not runs:
+        return
+    connection = connections[router.db_for_write(model)]
+    if connection.vendor == "postgresql" or (connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 33)):
+        _write_joined(model, connection, runs)
+        return
+    manager = model._default_manager.db_manager(connection.alias)
+    for pk, last_run_at, total_run_count in runs:
+        manager.filter(pk=pk, enabled=True).update(last_run_at=last_run_at, total_run_count=total_run_count)
+
+
+def _write_joined(model: type[Model], connection, runs: Sequence[tuple[int, datetime, int]]) -> None:
+    """``UPDATE table SET ... FROM (VALUES ...) WHERE table.id = v.id AND table.enabled``, a chunk at a time."""
+    meta = model._meta
+    quote = connection.ops.quote_name
+    table = quote(meta.db_table)
+    pk, last_run, count, enabled = (quote(meta.get_field(f).column) for f in ("id", "last_run_at", "total_run_count",
+                                                                            "enabled"))  # fmt: skip
+    if connection.vendor == "postgresql":
+        # Typed, so that the server need not guess from the first row (psycopg 3 binds on the server).
+        casts = [f"::{meta.get_field(f).cast_db_type(connection)}" for f in ("id", "last_run_at", "total_run_count")]
+        row = f"(%s{casts[0]}, %s{casts[1]}, %s{casts[2]})"
+        source = "v (id, last_run_at, total_run_count)"
+        columns = ("v.id", "v.last_run_at", "v.total_run_count")
+    else:
+        row = "(%s, %s, %s)"
+        source = "v"
+        columns = ("v.column1", "v.column2", "v.column3")
+    size = CHUNK[connection.vendor]
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        for start in range(0, len(runs), size):
+            chunk = runs[start : start + size]
+            params: list = []
+            for key, last_run_at, total_run_count in chunk:
+                params += (key, adapt(last_run_at), total_run_count)
+            cursor.execute(
+                f"UPDATE {table} SET {last_run} = {columns[1]}, {count} = {columns[2]} "
+                f"FROM (VALUES {', '.join([row] * len(chunk))}) AS {source} "
+                f"WHERE {table}.{pk} = {columns[0]} AND {table}.{enabled}",
+                params,
+            )

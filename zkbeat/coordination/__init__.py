@@ -1,0 +1,1 @@
+"""Who leads: ZooKeeper sessions, the election per shard, liveness, and the replicas' line."""

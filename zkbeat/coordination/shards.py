@@ -1,0 +1,268 @@
+"""Shards: which shard an entry belongs to, where each shard's election lives, and the fair share.
+
+With ``zkbeat_shards = N`` the schedule is split into N shards. An entry's
+shard is a stable hash of the root and the entry's name, mod N: the same on
+every replica, every platform and every release (SHA-1, never Python's
+``hash()``, which is salted per process). Each shard has an election of its
+own, so its leader's term is fenced by that shard's candidate:
+
+=========  ==========================================  ====================================
+N          shard k's election                          its broker handover
+=========  ==========================================  ====================================
+1          ``<root>/v1/election`` (layout 1, as ever)  ``<root>/v1/handover``
+N > 1      ``<root>/v1/shards/<N>/<k>/election``       ``<root>/v1/shards/<N>/<k>/handover``
+=========  ==========================================  ====================================
+
+The ledger (``<root>/v1/entries``), run-now requests and pauses stay shared.
+N is part of the path, so during a rolling change of N the replicas of each
+configuration contend in elections of their own, and two leaders may believe
+they own one entry; neither can record a slot twice, because every claim is
+a compare-and-set on the entry's own znode (zkbeat.ledger.store).
+
+Every replica contends for every shard. The fair share (:func:`rebalance`)
+spreads leadership: with R live replicas none leads more than ceil(N/R)
+shards once settled. Each replica decides only about itself, from the
+candidate lines of all shards, and only moves leadership towards a replica
+below its share, so settling converges and never ping-pongs:
+
+=============================================  ===========================================
+this replica, in the lines of all shards        it
+=============================================  ===========================================
+leads more than its share, and the next in      steps down from that shard (the graceful
+line of one of its shards leads fewer           handover), joining its line at the back
+the next in line of a shard it does not lead,   steps back in that line (no handover: it
+leads its share or more, and someone behind     does not lead it), so that a crash of
+it there leads fewer                            that shard's leader moves it to the
+                                                replica with fewer
+anything else                                   nothing
+=============================================  ===========================================
+
+A replica that stepped out of the line of a shard this one handed it, and
+stays out (its schedule did not load, it refused to lead, its loop stalled),
+is no longer below its share for this one's moves for FAILED_TARGET_TIME:
+each handover to it would leave a shard unpublished until it steps aside
+again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.hosts import collect_hosts
+from kazoo.protocol.states import WatchedEvent
+
+from .candidates import CandidateReader
+from .layout import LAYOUT_DIR
+
+__all__ = ["shard_of", "shard_root", "election_path", "handover_path", "Move", "rebalance", "FairShare", "REPLICA_KEY"]
+
+#: Key of a replica's own random id in its candidate data (only with N > 1):
+#: an identity may be set alike on every replica, this id never is.
+REPLICA_KEY = "replica"
+#: Seconds the lines must stay unchanged before this replica acts on them,
+#: and the least time between two of its moves: candidates that are still
+#: joining, or a handover under way, are never taken for a settled picture.
+SETTLE_TIME = 2.0
+#: Seconds a replica that lost a shard this one handed it (it stepped out of that line: its schedule did
+#: not load, it refused to lead, its loop stalled) is handed no other by this one: not a shard a few
+#: seconds after each time it steps aside, for as long as it cannot lead.
+FAILED_TARGET_TIME = 300.0
+
+
+def shard_of(root: str, name: str, shards: int) -> int:
+    """The shard (0 to ``shards`` - 1) of entry ``name`` under ``root``: stable across processes and releases."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.sha1(f"{root}\0{name}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+@functools.lru_cache(maxsize=64)
+def shard_root(hosts: str, root: str) -> str:
+    """The root as ZooKeeper names it: the chroot of ``hosts`` (if any), then ``root``. What :func:`shard_of` hashes.
+
+    Replicas that reach the same znodes through a chroot and without one
+    (``zk:2181/apps`` with ``/zkbeat/proj``, ``zk:2181`` with
+    ``/apps/zkbeat/proj``) must put every entry in the same shard, or an
+    entry each puts in a shard the other leads is led by nobody.
+    """
+    _, chroot = collect_hosts(hosts)
+    chroot = (chroot or "").rstrip("/")
+    if not chroot:
+        return root
+    return chroot if root == "/" else f"{chroot}{root}"
+
+
+def _base(root: str, shard: int, shards: int) -> str:
+    if shards <= 1:
+        return f"{root}/{LAYOUT_DIR}"
+    return f"{root}/{LAYOUT_DIR}/shards/{shards}/{shard}"
+
+
+def election_path(root: str, shard: int = 0, shards: int = 1) -> str:
+    """The election of ``shard`` of ``shards``; with one shard, layout 1's ``<root>/v1/election``."""
+    return f"{_base(root, shard, shards)}/election"
+
+
+def handover_path(root: str, shard: int = 0, shards: int = 1) -> str:
+    """Where the broker handover of ``shard`` of ``shards`` asks its question (zkbeat.coordination.broker_handover)."""
+    return f"{_base(root, shard, shards)}/handover"
+
+
+@dataclass(frozen=True)
+class Move:
+    """What the fair share asks of this replica: give up ``shard`` (``lead``: its leadership; else its place)."""
+
+    shard: int
+    lead: bool
+    why: str
+
+
+def rebalance(lines: Mapping[int, Sequence[str]], me: str, shards: int, exclude: Collection[str] = ()) -> Move | None:
+    """This replica's one move towards the fair share, or None (see the module docstring's table).
+
+    ``lines`` holds each shard's candidates (replica ids, the head leads);
+    a shard missing from it, or with an empty line, has no leader now.
+    No move is made towards a replica of ``exclude`` (one that lost a shard
+    it was handed). Deterministic: the same lines give the same answer.
+    """
+    replicas = {replica for line in lines.values() for replica in line}
+    if me not in replicas:
+        return None
+    share = math.ceil(shards / len(replicas))
+    leads = Counter(line[0] for line in lines.values() if line)
+    if leads[me] > share:
+        for shard in sorted(lines, reverse=True):
+            line = lines[shard]
+            if line and line[0] == me and len(line) > 1 and leads[line[1]] < share and line[1] not in exclude:
+                return Move(shard, True, f"fair share: leads {leads[me]} of {shards} shards, {len(replicas)} replicas")
+    if leads[me] >= share:
+        for shard in sorted(lines):
+            line = lines[shard]
+            behind = [r for r in line[2:] if r not in exclude]
+            if len(line) > 2 and line[0] != me and line[1] == me and any(leads[r] < share for r in behind):
+                return Move(shard, False, "fair share: a replica that leads fewer shards goes first")
+    return None
+
+
+class FairShare:
+    """Reads the candidate lines of every shard (watched) and says when this replica should move.
+
+    Not thread-safe: one caller (beat's main thread); the watches (kazoo's
+    thread) only set a flag and call ``on_change`` (which wakes beat's loop).
+    :meth:`decide` reads ZooKeeper only after a watch fired, and answers a
+    move only once the lines stood still for SETTLE_TIME and SETTLE_TIME has
+    passed since its last move; :meth:`next_look` says when to ask again.
+    """
+
+    def __init__(
+        self,
+        client: KazooClient,
+        paths: Sequence[str],
+        me: str,
+        *,
+        timeout: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.me = me
+        self.shards = len(paths)
+        self._readers = [CandidateReader(client, path, timeout=timeout) for path in paths]
+        self._clock = clock
+        self._changed = threading.Event()
+        self._changed.set()
+        self._lines: dict[int, tuple[str, ...]] = {}
+        self._since = clock()
+        self._moved_at = -math.inf
+        self._on_change_hook = on_change
+        #: Watch events seen (kazoo's thread counts them): a change since a caller looked wakes it.
+        self.changes = 0
+        #: Shard -> (the replica this one handed it to, when).
+        self._handed: dict[int, tuple[str, float]] = {}
+        #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
+        self._failed: dict[str, float] = {}
+
+    def _on_change(self, event: WatchedEvent) -> None:
+        self._changed.set()
+        self.changes += 1
+        if self._on_change_hook is not None:
+            self._on_change_hook()
+
+    def lines(self) -> dict[int, tuple[str, ...]]:
+        """Each shard's line of replica ids as last read (ZooKeeper is read again if a watch fired)."""
+        if self._changed.is_set():
+            self._changed.clear()
+            lines = {}
+            try:
+                for shard, reader in enumerate(self._readers):
+                    line = reader.read(watch=self._on_change)
+                    lines[shard] = tuple(
+                        str(c.data[REPLICA_KEY]) for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)
+                    )
+            except BaseException:
+                self._changed.set()  # read again at the next pass
+                raise
+            if not all(lines.values()):
+                self._changed.set()  # an election not made yet sets no watch: read again at the next pass
+            if lines != self._lines:
+                self._lines = lines
+                self._since = self._clock()
+        return self._lines
+
+    def decide(self) -> Move | None:
+        """This replica's move now, or None (still settling, held off, or fair already)."""
+        lines = self.lines()
+        now = self._clock()
+        if now - self._since < SETTLE_TIME or now - self._moved_at < SETTLE_TIME:
+            return None
+        self._note_lost_handovers(lines, now)
+        move = rebalance(lines, self.me, self.shards, self._excluded(now))
+        if move is not None:
+            self._moved_at = now
+            if move.lead:
+                self._handed[move.shard] = (lines[move.shard][1], now)
+        return move
+
+    def _excluded(self, now: float) -> set[str]:
+        return {replica for replica, until in self._failed.items() if until > now}
+
+    def _note_lost_handovers(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
+        """A replica out of the line of a shard this one handed it, and in others' lines: hand it no other for a while.
+
+        Read from lines that stood still for SETTLE_TIME and changed since the
+        handover: it stepped out of that line and stays out (its schedule did
+        not load, it refused to lead, its loop stalled); a step-down on request
+        joins the line again at once, a replica that stopped is in no line.
+        Handing it the next shard would move that shard to a replica that
+        cannot lead it, again and again.
+        """
+        for shard, (target, at) in list(self._handed.items()):
+            if now - at > FAILED_TARGET_TIME:
+                del self._handed[shard]
+            elif self._since > at and target not in lines.get(shard, ()):
+                del self._handed[shard]
+                if any(target in line for line in lines.values()):
+                    self._failed[target] = now + FAILED_TARGET_TIME
+        self._failed = {replica: until for replica, until in self._failed.items() if until > now}
+
+    def next_look(self) -> float:
+        """Seconds until :meth:`decide` may answer the move the lines last read call for (inf: none is due).
+
+        A replica whose shards have nothing due sleeps up to max_interval;
+        this bounds that sleep, so a move waits out SETTLE_TIME, not the sleep.
+        """
+        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock())) is None:
+            return math.inf
+        now = self._clock()
+        left = max(SETTLE_TIME - (now - self._since), SETTLE_TIME - (now - self._moved_at))
+        # Nothing left to wait out, yet no move was made (ZooKeeper did not answer the read, or the
+        # connection is down): look again in SETTLE_TIME, never in a loop as fast as the pass.
+        return left if left > 0 else SETTLE_TIME

@@ -1,0 +1,214 @@
+"""A leader's pass over beat's heap: one tick's planning, top to bottom.
+
+:meth:`HeapPass._lead_pass` is the whole of it, in order: settle the claims
+an earlier term left pending, check the schedule's own last runs against
+the clock, run the run-now requests, rebuild the heap if the schedule
+changed, read the clock once, pop what is due (up to MAX_BATCH, each asked
+``is_due()`` and its jitter), hand those to the term (which plans each
+tick's policy, claims them in one fenced transaction and publishes what
+committed: zkbeat.leading.term), and put everything back on the heap by
+when it was due.
+
+A mixin of the scheduler (``zkbeat.LeaderScheduleMixin``): beat's heap is
+the scheduler's (its current shard's), and an entry's time is asked the way
+Celery asks it (``is_due``, ``_when``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+
+from celery import beat
+
+from ..ticking.ticks import delay_to_slot
+from .passgc import no_collection
+from .term import Due, Requeue
+
+__all__ = ["HeapPass", "MAX_BATCH"]
+
+logger = logging.getLogger("zkbeat.scheduler")
+
+#: Due entries claimed (and then published) per pass of the beat loop: one
+#: ledger transaction's worth, so in a burst of 10,000 the first message goes
+#: out after 1,000 claims, not 5,000, and signals are held for one transaction.
+#: A kill -9 while a batch is being sent loses the batch's unsent ticks.
+MAX_BATCH = 1000
+
+
+class HeapPass:
+    """A leader's pass over beat's heap: see the module docstring."""
+
+    def _lead(self) -> float:
+        """Pop every due entry (up to MAX_BATCH), let the term run them, push them back.
+
+        The pass reads the clock once for the entries that go by the app's
+        clock (zkbeat.ticking.passclock); the wait until the next pass is counted
+        from the clock after it.
+        """
+        self.pass_clock.start()
+        try:
+            with no_collection():  # zkbeat.leading.passgc: a full collection walks the whole schedule
+                interval = self._lead_pass()
+        finally:
+            self.pass_clock.stop()
+        if interval is not None:
+            return interval
+        top = self._heap[0]
+        return max(0.0, min(top[0] - self._when_safe(top[2], 0), self.max_interval))
+
+    def _lead_pass(self) -> float | None:
+        """The pass of :meth:`_lead`; None: wait until the top of the heap comes due."""
+        term = self.term
+        assert term is not None
+        term.new_pass()
+        if term.pending:
+            term.settle()
+        if not term.own_runs_checked and term.check_own_runs():
+            self._heap = None
+        if term.triggers is not None:
+            requests = term.triggers.take()
+            if self.sharded:
+                # Another shard's requests are left for its leader (its own inbox reads them).
+                requests = [request for request in requests if self.in_shard(request.entry)]
+            term.run_manual(requests)
+        if self._heap is None or not self.schedules_equal(self.old_schedulers, self.schedule):
+            self.old_schedulers = dict(self.schedule)
+            self.policies.forget()  # the schedule changed: its options are read again
+            self.populate_heap()
+            batch = term.publisher.batch
+            if batch is not None:
+                batch.forget_except(self.schedule)  # prepared messages of entries that left the schedule
+        heap = self._heap
+        if not heap:
+            return self.max_interval
+        looked_at = time.monotonic()
+        self.pass_clock.start()  # the moment the pass looks at the heap (the heap's rebuild took time)
+        dues, later = self._scan(heap)
+        if dues:
+            later.extend(term.run(dues))
+        if self._heap is None:
+            return 0  # the pass replaced the schedule's entries: rebuild the heap now, not after a sleep
+        self._push(later, since=looked_at)
+        self._note_advanced(dues)
+        if len(dues) >= MAX_BATCH:
+            return 0
+        if not self._heap:
+            return self.max_interval
+        return None
+
+    def _note_advanced(self, dues: list[Due]) -> None:
+        """The pass's own advances are no change of the schedule: the next pass need not rebuild the heap for them.
+
+        Each entry the pass ran was replaced by its successor (``reserve()``);
+        where the copy beat compares against still holds the entry the pass
+        began with, it now holds the successor, and :meth:`schedules_equal`
+        passes over it by identity.
+        """
+        old, schedule = self.old_schedulers, self.schedule
+        if old is None:
+            return
+        for due in dues:
+            name = due.entry.name
+            if old.get(name) is due.entry:
+                successor = schedule.get(name)
+                if successor is not None:
+                    old[name] = successor
+
+    def _idle(self, interval: float) -> float:
+        """Wait out ``interval`` here, woken by a trigger request (zkbeat.ledger.controls), then come straight back.
+
+        Beat's own sleep cannot be woken; the follower's tick waits the same way.
+        """
+        term = self.term
+        if interval <= 0 or term is None or term.triggers is None or not self.wait_in_tick:
+            return interval
+        term.triggers.wait(interval)
+        return 0
+
+    def _scan(self, heap: list) -> tuple[list[Due], list[Requeue]]:
+        """Pop the entries whose time has come; sort them into due and not due yet."""
+        dues: list[Due] = []
+        later: list[Requeue] = []
+        while heap and len(dues) < MAX_BATCH:
+            event = heap[0]
+            entry = event[2]
+            if event[0] > self._when_safe(entry, 0):
+                break
+            heapq.heappop(heap)
+            is_due, next_time = self.entry_is_due(entry)
+            wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
+            if wait > 0:
+                later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
+            elif is_due:
+                dues.append(Due(entry, event[1], next_time))
+            else:
+                later.append(Requeue(entry, event[1], next_time))
+        return dues, later
+
+    def _push(self, requeue: list[Requeue], since: float | None = None) -> None:
+        """Put entries back on beat's heap, each ``delay`` after ``since`` (monotonic; default now).
+
+        The delays were worked out when the pass looked at the heap; counted
+        from the end of a batch that took seconds to send, each entry would
+        come due that much late, and later again every round.
+        """
+        heap = self._heap
+        if heap is None:
+            return  # rebuilt from the schedule at the next pass
+        elapsed = 0.0 if since is None else max(0.0, time.monotonic() - since)
+        clock = self.pass_clock
+        for item in requeue:
+            delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
+            when = clock.when(item.entry, self.adjust(delay)) if since is not None else None
+            if when is None:  # the entry's own clock, read now: less the time since the pass looked
+                when = self._when_safe(item.entry, delay) - elapsed
+            heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
+
+    def entry_is_due(self, entry: beat.ScheduleEntry) -> tuple[bool, float]:
+        """``entry.is_due()``; an entry whose schedule raises is logged once and left out.
+
+        It is asked again every ``max_interval`` (a fixed row or a clock that
+        moved on may cure it), and logged again only when its error changes.
+        Celery's own scheduler does the same only from 5.7 on. Before Celery
+        5.5 a crontab's wait ends at its slot, not an hour past it across the
+        spring-forward jump (ticks.delay_to_slot).
+        """
+        try:
+            answer = self.pass_clock.is_due(entry) if type(self).is_due is beat.Scheduler.is_due else None
+            is_due, next_time = self.is_due(entry) if answer is None else answer
+        except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
+            self.leave_out(entry, exc, "schedule")
+            return False, self.max_interval
+        if self._broken.pop((entry.name, "schedule"), None) is not None:
+            logger.info("zkbeat: %s is scheduled again", entry.name)
+            self.metrics.left_out(len({name for name, _ in self._broken}))
+        return is_due, delay_to_slot(entry, is_due, next_time)
+
+    def leave_out(self, entry: beat.ScheduleEntry, exc: BaseException, what: str = "entry") -> None:
+        """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
+
+        Its schedule raised, its clock raised, or its name cannot be a znode.
+        It is tried again every ``max_interval``.
+        """
+        text = repr(exc)
+        if self._broken.get((entry.name, what)) == text:
+            return
+        self._broken[(entry.name, what)] = text
+        self.metrics.left_out(len({name for name, _ in self._broken}))
+        logger.error(
+            "zkbeat: leaving out %r: it cannot be scheduled (%s); trying again every %gs",
+            entry.name,
+            text,
+            self.max_interval,
+            exc_info=not isinstance(exc, (ValueError, TypeError)),
+        )
+
+    def _when_safe(self, entry: beat.ScheduleEntry, delay: float) -> float:
+        """Celery's ``_when`` (the heap's timestamp); now plus the delay if the entry cannot say."""
+        try:
+            when = self.pass_clock.when(entry, self.adjust(delay)) if type(self)._when is beat.Scheduler._when else None
+            return (self._when(entry, delay) or 0) if when is None else when
+        except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) failed
+            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)

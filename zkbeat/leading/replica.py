@@ -1,0 +1,219 @@
+"""A replica's place in every shard's election: joined once at start-up, left at close.
+
+Joining opens the ZooKeeper client and the ledger, the liveness socket,
+each shard's election with its liveness watch and broker handover, the
+watchdog over the loop, the check of the other replicas' layout and
+schedule (zkbeat.coordination.peers) and, with shards, the fair share;
+leaving ends every term, settles what is pending and closes them in the
+order that hands leadership over at once.
+
+A mixin of the scheduler (``zkbeat.LeaderScheduleMixin``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+from kazoo.protocol.states import KazooState
+
+from .. import __version__
+from ..conf import unknown_settings
+from ..coordination._zookeeper import make_client
+from ..coordination.broker_handover import BrokerHandover
+from ..coordination.election import LeaderElection, events
+from ..coordination.liveness import Beacon, Watcher, default_host
+from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
+from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path
+from ..ledger.store import Ledger
+from .broker import probe as probe_broker
+from .wakeup import Wakeup
+from .watchdog import Watchdog
+
+__all__ = ["Replica"]
+
+logger = logging.getLogger("zkbeat.scheduler")
+
+
+class Replica:
+    """Join every shard's election, and leave them: see the module docstring."""
+
+    def _warn_unknown_settings(self) -> None:
+        """Name each ``zkbeat_*`` key zkbeat does not read, with the closest one it does: a typo is never silent."""
+        try:
+            unknown = unknown_settings(self.app.conf)
+        except Exception:  # noqa: BLE001 - a configuration that cannot be listed: nothing to say
+            logger.debug("zkbeat: could not list the app's settings", exc_info=True)
+            return
+        for key, suggestion in unknown:
+            logger.warning(
+                "zkbeat: ignoring the setting %s: zkbeat has no such setting%s",
+                key,
+                f"; did you mean {suggestion}?" if suggestion else " (docs/settings.md lists them)",
+            )
+
+    def _connect(self) -> None:
+        settings = self.zk_settings
+        if events.level == logging.NOTSET:
+            # Who leads after whom, who follows, pauses and resumes: one line
+            # each, shown at beat's default level (WARNING) too unless the
+            # logger "zkbeat.events" is configured otherwise.
+            events.setLevel(logging.INFO)
+        self._warn_unknown_settings()
+        self.zk_client = make_client(settings, self.Client, report_unreachable=True)
+        self.zk_client.add_listener(self._on_connection_state)
+        self.ledger = Ledger(self.zk_client, settings.root, timeout=settings.session_timeout)
+        self.beacon = self._open_beacon()
+        data = {
+            "identity": settings.identity,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": datetime.now(timezone.utc).isoformat(),
+            "version": __version__,
+            # For rolling upgrades: a newer release sees our layout, and
+            # the leader (and `zkbeat status`) sees whose schedule differs.
+            "layout": LAYOUT,
+            "schedule_hash": self._schedule_hash(),
+            **(self.beacon.announcement.as_data() if self.beacon is not None else {}),
+            # With shards, the fair share tells the replicas apart by this id (zkbeat.coordination.shards).
+            **({REPLICA_KEY: self._replica} if self.sharded else {}),
+        }
+        for shard in self._shards:
+            with self.shard_current(shard):
+                self._join_shard(data)
+        elections = [shard.election for shard in self._shards]
+        self.watchdog = Watchdog(
+            settings.stall_timeout,
+            step_down=lambda: [
+                election.step_down(hold=True, reason="its beat loop stalled past zkbeat_stall_timeout", failed=True)
+                for election in elections
+            ],
+            resume=lambda: [election.resume() for election in elections],
+            describe=lambda: f" ({settings.identity}, {self._describe_terms()})",
+        ).start()
+        self.peers = PeerCheck(
+            self.zk_client, settings.root, elections[0].path, self._schedule_hash(), timeout=settings.session_timeout
+        )
+        if self.sharded:
+            self._fair_share = FairShare(
+                self.zk_client,
+                [e.path for e in elections],
+                self._replica,
+                timeout=settings.session_timeout,
+                on_change=self._wake.set,  # a sleeping replica wakes when the lines change (its share may move)
+            )
+        logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
+        # start_async: an unreachable ZooKeeper is retried in the background;
+        # until it answers this replica is simply a follower.
+        self.zk_client.start_async()
+        for election in elections:
+            election.start()
+        self.metrics.serve()
+
+    def _join_shard(self, data: dict[str, Any]) -> None:
+        """The current shard's election, its liveness watch and its broker handover (not started yet)."""
+        settings = self.zk_settings
+        shard = self._shard
+        self.election = LeaderElection(
+            self.zk_client,
+            election_path(settings.root, shard.index, shard.count),
+            data,
+            # Announced after the term's first pass (_leader_pass): `zkbeat
+            # health` must not name a head that refuses to lead or never publishes.
+            announce=False,
+            label=f"shard {shard.index}/{shard.count}, " if shard.count > 1 else "",
+        )
+        self.election.add_listener(lambda leading: self._wake.set())
+        if self.beacon is not None:
+            self.watcher = Watcher(self.zk_client, on_gone=lambda candidate, why: self.metrics.deposal()).start()
+            self.election.add_predecessor_listener(self.watcher.follow)
+        if settings.broker_handover_timeout:
+            self.broker_handover = BrokerHandover(
+                self.zk_client,
+                self.election,
+                handover_path(settings.root, shard.index, shard.count),
+                self._probe_broker,
+                settings.broker_handover_timeout,
+                settings.identity,
+                on_handed_over=self.metrics.broker_handover,
+            ).start()
+            self.election.add_predecessor_listener(self.broker_handover.follow)
+
+    def _open_beacon(self) -> Beacon | None:
+        """This replica's liveness socket, or None when it is off or cannot bind (then the session decides)."""
+        settings = self.zk_settings
+        if not settings.liveness:
+            return None
+        host, port = settings.liveness_address or (default_host(settings.hosts), 0)
+        try:
+            beacon = Beacon(host, port).start()
+        except OSError as exc:
+            logger.warning(
+                "zkbeat: cannot listen on %s:%s for liveness (%r); a crash of this replica is seen at its "
+                "session timeout instead (set zkbeat_liveness_address)",
+                host,
+                port,
+                exc,
+            )
+            return None
+        logger.info("zkbeat: liveness socket on %s:%s", beacon.host, beacon.port)
+        return beacon
+
+    def _probe_broker(self) -> Exception | None:
+        """Whether this replica reaches the broker now, on a connection of its own (broker_handover)."""
+        return probe_broker(self.app)
+
+    def _on_connection_state(self, state: str) -> None:
+        """kazoo's listener: record and log only (it runs on kazoo's thread)."""
+        self.metrics.connection(state)
+        if self._closed:
+            return  # our own close() ends the session: nothing to warn about
+        term = self.term
+        identity, epoch = self.zk_settings.identity, term.epoch if term is not None else None
+        if state == KazooState.SUSPENDED:
+            logger.warning("zkbeat: connection to ZooKeeper suspended; not publishing (%s, epoch %s)", identity, epoch)
+        elif state == KazooState.LOST:
+            logger.warning("zkbeat: ZooKeeper session lost; rejoining the election (%s, epoch %s)", identity, epoch)
+        elif term is not None:
+            logger.info("zkbeat: reconnected to ZooKeeper (%s)", identity)
+
+    def _shut_down(self) -> None:
+        for shard in self._shards:
+            with self.shard_current(shard):
+                if self.term is not None:
+                    self._end_term("shutting down")
+                self._release_pending(final=True)
+        if self.watchdog is not None:
+            self.watchdog.close()
+        for shard in self._shards:
+            if shard.watcher is not None:
+                shard.watcher.close()
+        for shard in self._shards:
+            if shard.election is not None:
+                shard.election.close(self._stop_reason)
+        for shard in self._shards:
+            if shard.broker_handover is not None:
+                # After the candidate is gone: a probe in flight must not delay the handover.
+                shard.broker_handover.close()
+        if self.beacon is not None:
+            self.beacon.close()  # after the candidate is gone: nobody needs to delete it
+        self.metrics.close()
+        if self.zk_client is not None:
+            try:
+                self.zk_client.stop()
+                self.zk_client.close()
+            except Exception:  # noqa: BLE001 - shutdown must finish
+                logger.debug("zkbeat: error stopping the ZooKeeper client", exc_info=True)
+        if isinstance(self._wake, Wakeup):
+            self._wake.close()  # after the client: no watch sets it any more
+
+    def _schedule_hash(self) -> str | None:
+        """The digest of this replica's schedule for its candidate data (zkbeat.coordination.peers)."""
+        try:
+            return schedule_hash(self.schedule)
+        except Exception:  # noqa: BLE001 - a host whose schedule cannot be read yet just does not say
+            logger.debug("zkbeat: could not hash the schedule", exc_info=True)
+            return None

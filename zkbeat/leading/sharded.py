@@ -1,0 +1,176 @@
+"""Several shards led from one beat loop: each shard's part of a tick in turn, one wait, a fair share.
+
+With ``zkbeat_shards`` = N > 1 a replica holds one
+:class:`~zkbeat.leading.shard_state.ShardState` per shard and runs each
+shard's part of beat's loop with that shard's state current
+(:meth:`ShardedLoop.shard_current`): the per-shard tick of
+zkbeat.leading.leadership runs once for each shard, returning its wait
+instead of waiting, and the loop then waits once for whichever comes first
+(the first shard's next entry, an election changing hands, a run-now
+request for a shard led here). After each pass the fair share
+(zkbeat.coordination.shards) may give one shard up.
+
+A mixin of the scheduler (``zkbeat.LeaderScheduleMixin``): its methods
+use the scheduler's per-shard state and call its ``tick()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+from kazoo.protocol.states import KazooState
+
+from ..coordination.shards import shard_of, shard_root
+from ..exceptions import ConfigurationError
+from .leadership import ZOOKEEPER_ERRORS
+from .shard_state import ShardState
+
+__all__ = ["ShardedLoop"]
+
+logger = logging.getLogger("zkbeat.scheduler")
+
+_UNSET = object()
+
+
+class ShardedLoop:
+    """Each shard's part of beat's loop in turn, then one wait: see the module docstring."""
+
+    def _check_shards(self, count: int) -> None:
+        if count > 1 and not self.supports_shards:
+            raise ConfigurationError(
+                "zkbeat_shards", count, f"{type(self).__name__} leads its whole schedule as one shard: set it to 1"
+            )
+
+    @property
+    def sharded(self) -> bool:
+        """True when the schedule is split into more than one shard (``zkbeat_shards``)."""
+        return len(self._shards) > 1
+
+    def in_shard(self, name: str) -> bool:
+        """Whether entry ``name`` belongs to the shard whose part of the loop runs (zkbeat.coordination.shards)."""
+        shard = self._shard
+        if shard.count == 1:
+            return True
+        index = self._shard_index.get(name)
+        if index is None:
+            root = shard_root(self.zk_settings.hosts, self.zk_settings.root)
+            index = self._shard_index[name] = shard_of(root, name, shard.count)
+        return index == shard.index
+
+    def _shard_members(self) -> Callable[[str], bool]:
+        """Membership of the shard current now, fixed: for a term made in this shard's pass, whenever it asks."""
+        shard = self._shard
+        if shard.count == 1:
+            return _everything
+        root, index, known = shard_root(self.zk_settings.hosts, self.zk_settings.root), shard.index, self._shard_index
+
+        def holds(name: str) -> bool:
+            found = known.get(name)
+            if found is None:
+                found = known[name] = shard_of(root, name, shard.count)
+            return found == index
+
+        return holds
+
+    @contextlib.contextmanager
+    def shard_current(self, shard: ShardState) -> Iterator[None]:
+        """Run the block with ``shard``'s leadership state current (zkbeat.leading.shard_state)."""
+        previous, self._shard = self._shard, shard
+        try:
+            yield
+        finally:
+            self._shard = previous
+
+    def _sharded_tick(self) -> float:
+        """tick() with shards: each shard's part of the loop in turn, then one wait for whichever comes first.
+
+        The wait ends when the first shard's next entry is due, when any
+        shard's election changes hands, or when a run-now request comes for
+        a shard this replica leads.
+        """
+        self._ticked = True
+        wait = self.max_interval
+        for shard in self._shards:
+            with self._shard_pass(shard):
+                wait = min(wait, self.tick())
+        if self._closed:
+            return self.max_interval
+        fair_share = self._fair_share
+        changes = fair_share.changes if fair_share is not None else 0
+        self._fair_share_pass()
+        if fair_share is not None:
+            wait = min(wait, fair_share.next_look())  # a move held off until the lines stood still: not a sleep
+        if wait <= 0 or not self.wait_in_tick:
+            return wait
+        self._wait_any(wait, changes)
+        return 0
+
+    def _wait_any(self, timeout: float, lines_changes: int = 0) -> None:
+        """Sleep up to ``timeout`` in one wait, woken by an election's edge or a run-now request for a shard led here.
+
+        Every shard's election listener and every led shard's inbox watch set
+        ``_wake``; it is cleared first and the flags are looked at after, so
+        an edge or a request that came since this pass read them wakes at once.
+        """
+        wake = self._wake
+        wake.clear()
+        inboxes = [s.term.triggers for s in self._shards if s.term is not None and s.term.triggers is not None]
+        for inbox in inboxes:
+            inbox.on_change = wake.set
+        if any(inbox.changed.is_set() for inbox in inboxes):
+            return
+        # Against what each shard's part of this pass saw: a change since then wakes at once.
+        if any(s.election is not None and s.election.leadership != s.seen for s in self._shards):
+            return
+        if self._fair_share is not None and self._fair_share.changes != lines_changes:
+            return  # the shards' lines changed since this pass read them (their watch set the wake before the clear)
+        wake.wait(timeout)
+
+    def _fair_share_pass(self) -> None:
+        """Give up one shard (or a place in a shard's line) when the fair share says so (zkbeat.coordination.shards)."""
+        fair_share = self._fair_share
+        if fair_share is None or self.zk_client is None or self.zk_client.state != KazooState.CONNECTED:
+            return
+        try:
+            move = fair_share.decide()
+        except ZOOKEEPER_ERRORS as exc:
+            logger.debug("zkbeat: could not read the shards' lines: %r", exc)
+            return
+        if move is None:
+            return
+        shard = self._shards[move.shard]
+        with self.shard_current(shard):
+            if move.lead:
+                if self.term is not None:
+                    self._end_term(move.why)
+            elif self.election is not None and self.election.leadership is not None:
+                return  # it leads that shard after all (the line moved since it was read)
+            if self.election is not None:
+                self.election.step_down(reason=move.why)
+
+    @contextlib.contextmanager
+    def _shard_pass(self, shard: ShardState) -> Iterator[None]:
+        """One shard's part of a sharded tick(): its state current, and tick() returning its wait, not waiting."""
+        saved = self.__dict__.get("wait_in_tick", _UNSET)
+        self.wait_in_tick = False
+        self._in_shard_pass = True
+        try:
+            with self.shard_current(shard):
+                yield
+        finally:
+            self._in_shard_pass = False
+            if saved is _UNSET:
+                del self.wait_in_tick
+            else:
+                self.wait_in_tick = saved
+
+    def _describe_terms(self) -> str:
+        """The epochs this replica leads under, for the watchdog's line."""
+        led = [f"epoch {s.term.epoch}{s.label}" for s in self._shards if s.term is not None]
+        return ", ".join(led) or "epoch None"
+
+
+def _everything(name: str) -> bool:
+    return True

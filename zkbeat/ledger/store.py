@@ -1,0 +1,473 @@
+"""The run ledger: each entry's last run, kept in ZooKeeper, claimed fenced.
+
+Layout (v1)::
+
+    <root>/v1/entries/<entry name, percent-quoted>
+        JSON {last_run_at, total_run_count, epoch, updated_at, slot[, paused][, manual][, early][, recent]}
+
+``paused`` ({by, at, note}) is an operator's pause and ``manual`` the last
+trigger request run (zkbeat.ledger.controls); layout 2 added both (zkbeat.coordination.layout).
+``early`` ([[first, last], ...]) spans the slots leaders whose clock was
+ahead claimed before ZooKeeper's clock reached them (zkbeat.ledger.clock); a
+release that does not know it ignores it. ``recent`` ([[slot_ms, late_ms,
+replica, epoch, kind], ...], newest first, bounded) is the entry's last runs, written
+by the claims that record them (zkbeat.ledger.history); a release that does not
+know it ignores it too, and its claim drops it. Any other key a later
+release adds is ignored the same way.
+
+A claim writes the new state of one or many due entries in ONE ZooKeeper
+transaction that also checks the leader's own candidate znode still exists.
+ZooKeeper applies all of it or none of it, so a replica that has lost
+leadership (session gone, stepped down) cannot record a run, and so never
+publishes one: the transaction is the fence, whatever the replica's local
+state believes. Each entry write is compare-and-set on the znode's version,
+so a run recorded by someone else is never overwritten blindly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, unquote
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    UnimplementedError,
+)
+from kazoo.protocol.states import ZnodeStat
+
+from ..coordination._multiread import read_many
+from ..coordination.layout import LAYOUT_DIR
+from ..exceptions import ClaimConflictError, ClaimRefusedError, FencedError
+from .history import Run, decode_runs, encode_runs, encoded_bytes
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "EntryState",
+    "Pause",
+    "LedgerRecord",
+    "Claim",
+    "ClaimResult",
+    "Ledger",
+    "encode_name",
+    "decode_name",
+    "encode_state",
+    "decode_state",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The layout directory every path lives under (zkbeat.coordination.layout is the one source).
+LAYOUT_VERSION = LAYOUT_DIR
+#: Version to pass for an entry that has no znode yet (create, not set).
+ABSENT = -1
+#: ZooKeeper rejects requests above jute.maxbuffer (1 MiB by default); stay
+#: well below it when packing many claims into one transaction.
+_MAX_TRANSACTION_BYTES = 512 * 1024
+_MAX_TRANSACTION_OPS = 1000
+_OP_OVERHEAD = 64
+
+
+def encode_name(name: str) -> str:
+    """Entry name -> one znode path component (any name, including '/')."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"entry name must be a non-empty string, got {name!r}")
+    encoded = quote(name, safe="")
+    if encoded in (".", ".."):  # reserved path components in ZooKeeper
+        encoded = encoded.replace(".", "%2E")
+    return encoded
+
+
+def decode_name(component: str) -> str:
+    return unquote(component)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).isoformat()
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"timestamp is not a string: {value!r}")
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp without a timezone: {value!r}")
+    return parsed.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """What the ledger knows about one entry after its last claim."""
+
+    last_run_at: datetime
+    total_run_count: int = 0
+    epoch: int | None = None
+    updated_at: datetime | None = None
+    #: The due time of the last tick claimed (published or skipped).
+    slot: datetime | None = None
+    #: An operator's pause, kept until resumed (zkbeat.ledger.controls).
+    paused: Pause | None = None
+    #: The last trigger request run for this entry (its znode name).
+    manual: str | None = None
+    #: Spans (first, last) of slots claimed ahead of ZooKeeper's clock, never
+    #: to be published again (zkbeat.ledger.clock); in order, apart.
+    early: tuple[tuple[datetime, datetime], ...] = ()
+    #: The entry's last runs, newest first, at most zkbeat.ledger.history.RECENT_RUNS.
+    recent: tuple[Run, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Who paused an entry, when, and why: kept in its ledger state until resumed."""
+
+    by: str
+    at: datetime | None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"by": self.by, "at": _iso(self.at), "note": self.note}
+
+
+def encode_state(state: EntryState) -> bytes:
+    data: dict[str, Any] = {
+        "last_run_at": _iso(state.last_run_at),
+        "total_run_count": state.total_run_count,
+        "epoch": state.epoch,
+        "updated_at": _iso(state.updated_at),
+        "slot": _iso(state.slot),
+    }
+    if state.paused is not None:
+        data["paused"] = state.paused.as_dict()
+    if state.manual is not None:
+        data["manual"] = state.manual
+    if state.early:
+        data["early"] = [[_iso(first), _iso(last)] for first, last in state.early]
+    if state.recent:
+        data["recent"] = encode_runs(state.recent)
+    return json.dumps(data, sort_keys=True).encode()
+
+
+def _decode_early(value: Any) -> tuple[tuple[datetime, datetime], ...]:
+    """The spans of early slots; a record zkbeat cannot read is logged and left out (the entry still runs)."""
+    if value is None:
+        return ()
+    try:
+        spans = []
+        for first, last in value:
+            first, last = _parse_time(first), _parse_time(last)
+            if first is None or last is None or first > last:
+                raise ValueError("not a span")
+            spans.append((first, last))
+        return tuple(sorted(spans))
+    except (TypeError, ValueError):
+        logger.warning("zkbeat: a ledger entry holds an 'early' record zkbeat cannot read (%r); ignoring it", value)
+        return ()
+
+
+def _decode_pause(value: Any) -> Pause | None:
+    """A pause record; one zkbeat cannot read still counts as a pause (fail closed: publish nothing)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        by, note = value.get("by"), value.get("note", "")
+        try:
+            at = _parse_time(value.get("at"))
+        except ValueError:
+            at = None
+        if isinstance(by, str) and isinstance(note, str):
+            return Pause(by=by, at=at, note=note)
+    logger.warning("zkbeat: a ledger entry holds a pause record zkbeat cannot read (%r); keeping it paused", value)
+    return Pause(by="?", at=None, note="unreadable pause record")
+
+
+def decode_state(raw: bytes) -> EntryState:
+    """Parse a ledger znode; ValueError for anything zkbeat did not write."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    count = data.get("total_run_count", 0)
+    epoch = data.get("epoch")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"bad total_run_count {count!r}")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+        raise ValueError(f"bad epoch {epoch!r}")
+    last_run_at = _parse_time(data.get("last_run_at"))
+    if last_run_at is None:
+        raise ValueError("missing last_run_at")
+    return EntryState(
+        last_run_at=last_run_at,
+        total_run_count=count,
+        epoch=epoch,
+        updated_at=_parse_time(data.get("updated_at")),
+        slot=_parse_time(data.get("slot")),
+        paused=_decode_pause(data.get("paused")),
+        manual=data["manual"] if isinstance(data.get("manual"), str) else None,
+        early=_decode_early(data.get("early")),
+        recent=decode_runs(data.get("recent")),
+    )
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """An entry's znode as read: its state (None if unreadable) and version."""
+
+    state: EntryState | None
+    version: int
+    #: ZooKeeper's time of the znode's last write (its mtime): what clocks are checked against.
+    written: datetime | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Write ``state`` for ``name`` if its znode is still at ``version``."""
+
+    name: str
+    state: EntryState
+    version: int = ABSENT
+    #: Only check the version, write nothing (a paused entry's tick: a resume
+    #: in between makes it conflict, so the leader re-reads).
+    check_only: bool = False
+    #: A trigger request's path, deleted in the same transaction (consumed).
+    consume: str | None = None
+    #: A trigger request put back in the same transaction (a withdrawn run): (path, data).
+    restore: tuple[str, bytes] | None = None
+
+
+@dataclass
+class ClaimResult:
+    """Which claims committed (with their new znode versions) and why the rest did not."""
+
+    committed: dict[str, int]
+    error: FencedError | ClaimConflictError | ClaimRefusedError | None = None
+    #: ZooKeeper's time of each committed write, where its transaction said
+    #: (one that set an existing znode; a transaction of creates does not).
+    written: dict[str, datetime] = field(default_factory=dict)
+
+
+class Ledger:
+    """The entries of one zkbeat root. Holds no state of its own between calls."""
+
+    def __init__(self, client: KazooClient, root: str, timeout: float = 10.0) -> None:
+        self.client = client
+        self.path = f"{root.rstrip('/')}/{LAYOUT_VERSION}/entries"
+        self.timeout = timeout
+        self._multiread = True
+
+    def entry_path(self, name: str) -> str:
+        return f"{self.path}/{encode_name(name)}"
+
+    def ensure(self) -> None:
+        """Create entries/ (and its parents) if missing, waiting at most ``timeout``."""
+        self.client.ensure_path_async(self.path).get(timeout=self.timeout)
+
+    def sync(self) -> None:
+        """Have our ZooKeeper server catch up with the quorum before the next read.
+
+        A read right after a session moved to another server may otherwise be
+        served before a commit still in flight from the old connection lands.
+        """
+        self.client.sync_async(self.path).get(timeout=self.timeout)
+
+    def load(
+        self, names: Iterable[str] | None = None, *, keep: Callable[[str], bool] | None = None
+    ) -> dict[str, LedgerRecord]:
+        """Read entries (all, or ``names``; of all, those ``keep`` is true of) with pipelined reads.
+
+        Every get is sent before the first reply is awaited, so loading 10,000
+        entries costs about one round trip plus transfer, not 10,000 of them.
+        A znode zkbeat cannot parse, or may not read (someone else's ACL), is
+        logged and returned with state None.
+        """
+        if names is None:
+            try:
+                components = self.client.get_children(self.path)
+            except NoNodeError:
+                return {}
+            pending = [(decode_name(c), f"{self.path}/{c}") for c in components]
+            if keep is not None:
+                pending = [(name, path) for name, path in pending if keep(name)]
+        else:
+            pending = [(name, self.entry_path(name)) for name in names]
+        records: dict[str, LedgerRecord] = {}
+        denied = []
+        for (name, path), result in zip(pending, self._read([path for _, path in pending])):
+            if isinstance(result, NoNodeError):
+                continue
+            if isinstance(result, NoAuthError):
+                denied.append((name, path, self.client.exists_async(path)))
+                continue
+            if isinstance(result, Exception):
+                raise result
+            raw, stat = result
+            try:
+                state: EntryState | None = decode_state(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                logger.warning(
+                    "zkbeat: ledger znode %s holds data zkbeat cannot read (%s); treating it as no state",
+                    path,
+                    exc,
+                )
+                state = None
+            records[name] = LedgerRecord(state, stat.version, zookeeper_time(stat.mtime))
+        for name, path, request in denied:
+            # Someone else's ACL denies READ: like data zkbeat cannot parse,
+            # it is no state (the version, from exists, which needs no
+            # permission, keeps a claim a compare-and-set; a claim ZooKeeper
+            # refuses leaves that entry out, and the others run).
+            found = request.get(timeout=self.timeout)
+            if found is None:
+                continue
+            logger.warning(
+                "zkbeat: ledger znode %s may not be read by zkbeat (NoAuth: its ACL does not grant this "
+                "replica's credentials); treating it as no state",
+                path,
+            )
+            records[name] = LedgerRecord(None, found.version, zookeeper_time(found.mtime))
+        return records
+
+    def _read(self, paths: list[str]) -> list[Any]:
+        """(data, stat) or the exception of each read, in one multiRead per thousand paths.
+
+        Falls back to pipelined gets, one request each, on a ZooKeeper older
+        than 3.6 (no multiRead); see ``zkbeat.coordination._multiread`` for why it matters.
+        """
+        if self._multiread and len(paths) > 1:
+            try:
+                return read_many(self.client, paths, self.timeout)
+            except UnimplementedError:
+                logger.info("zkbeat: ZooKeeper has no multiRead (older than 3.6); loading the ledger with single reads")
+                self._multiread = False
+        requests = [self.client.get_async(path) for path in paths]
+        results: list[Any] = []
+        for request in requests:
+            try:
+                results.append(request.get(timeout=self.timeout))
+            except (NoNodeError, NoAuthError) as exc:
+                results.append(exc)
+        return results
+
+    def claim(self, claims: list[Claim], fence: str | None) -> ClaimResult:
+        """Commit ``claims`` fenced on the candidate znode ``fence``.
+
+        Claims are packed into as few transactions as ZooKeeper's request size
+        allows (usually one). Each transaction is all-or-nothing; the first
+        that fails stops the rest. ConnectionLoss and timeouts propagate: the
+        outcome of that transaction is then unknown to the caller; the
+        exception carries what earlier transactions committed for sure
+        (``committed``). ``fence=None`` writes with the compare-and-set alone
+        (a replica putting back its own unsent claim; see zkbeat.leading.term).
+        """
+        result = ClaimResult(committed={})
+        for chunk in _chunks(claims, self.entry_path):
+            transaction = self.client.transaction()
+            if fence is not None:
+                transaction.check(fence, -1)
+            owners = []  # the claim behind each operation after the fence's check
+            for claim, path in chunk:
+                owners.extend(_add_operations(transaction, claim, path))
+            try:
+                outcomes = transaction.commit_async().get(timeout=self.timeout)
+            except Exception as exc:
+                exc.committed = dict(result.committed)  # type: ignore[attr-defined]
+                raise
+            if fence is None:
+                outcomes = [None, *outcomes]  # as if a check had passed, so indexes line up
+            error = _failure(outcomes, owners, fence or "(none)")
+            if error is not None:
+                result.error = error
+                return result
+            # One transaction, one time: every write in it carries ZooKeeper's clock of the commit.
+            stamps = [outcome.mtime for outcome in outcomes if isinstance(outcome, ZnodeStat)]
+            for claim, _ in chunk:
+                if claim.check_only:
+                    result.committed[claim.name] = claim.version
+                else:
+                    result.committed[claim.name] = 0 if claim.version == ABSENT else claim.version + 1
+                    if stamps:
+                        result.written[claim.name] = zookeeper_time(stamps[0])
+        return result
+
+
+def zookeeper_time(mtime: int) -> datetime:
+    """A znode's mtime (ZooKeeper's clock, milliseconds since the epoch) as a UTC datetime."""
+    return datetime.fromtimestamp(mtime / 1000.0, timezone.utc)
+
+
+def _add_operations(transaction: Any, claim: Claim, path: str) -> list[Claim]:
+    """Add one claim's operations to ``transaction``; the claim once per operation."""
+    if claim.check_only:
+        transaction.check(path, claim.version)
+    elif claim.version == ABSENT:
+        transaction.create(path, encode_state(claim.state))
+    else:
+        transaction.set_data(path, encode_state(claim.state), claim.version)
+    owners = [claim]
+    if claim.consume is not None:
+        transaction.delete(claim.consume)
+        owners.append(claim)
+    if claim.restore is not None:
+        transaction.create(*claim.restore)
+        owners.append(claim)
+    return owners
+
+
+def _chunks(claims: list[Claim], entry_path) -> Iterable[list[tuple[Claim, str]]]:
+    chunk: list[tuple[Claim, str]] = []
+    size = 0
+    for claim in claims:
+        path = entry_path(claim.name)
+        cost = len(path.encode()) + 200 + _OP_OVERHEAD + 3 * len(claim.state.paused.note if claim.state.paused else "")
+        cost += encoded_bytes(claim.state.recent)
+        if claim.consume is not None or claim.restore is not None:
+            cost += 2 * 1024 + _OP_OVERHEAD
+        if chunk and (size + cost > _MAX_TRANSACTION_BYTES or len(chunk) >= _MAX_TRANSACTION_OPS):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((claim, path))
+        size += cost
+    if chunk:
+        yield chunk
+
+
+def _failure(
+    outcomes: list[Any], claims: list[Claim], fence: str
+) -> FencedError | ClaimConflictError | ClaimRefusedError | None:
+    """Name why a transaction rolled back, or None if it committed."""
+    failed = [
+        (index, outcome)
+        for index, outcome in enumerate(outcomes)
+        if isinstance(outcome, Exception) and not isinstance(outcome, RolledBackError)
+    ]
+    # Messages people read name the epoch, not the candidate's 32-hex znode name.
+    epoch = fence.rsplit("-", 1)[-1].lstrip("0") or "0"
+    if not failed:
+        if any(isinstance(outcome, Exception) for outcome in outcomes):
+            return FencedError(f"the transaction fenced on this replica's candidate (epoch {epoch}) rolled back")
+        return None
+    index, outcome = failed[0]
+    if index == 0:
+        return FencedError(
+            f"this replica's candidate (epoch {epoch}) is gone ({type(outcome).__name__}): not the leader any more"
+        )
+    if isinstance(outcome, (BadVersionError, NodeExistsError, NoNodeError)):
+        return ClaimConflictError([claims[index - 1].name])
+    # Refused outright (NoAuth: someone else's ACL on the entry or on entries/,
+    # InvalidACL, ...). Re-reading and claiming again at once, as for a
+    # conflict, would only loop as fast as ZooKeeper answers; the caller
+    # leaves that entry out for a while and claims the rest.
+    return ClaimRefusedError(claims[index - 1].name, outcome)

@@ -1,0 +1,1 @@
+"""What operators use: the zkbeat command, status, metrics and the dashboard."""
