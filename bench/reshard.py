@@ -21,7 +21,6 @@ once over the window: published twice, missed, claimed and not published.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -79,16 +78,9 @@ def run(bench: Bench) -> list[Row]:
     result = shards.Result(load=(os.getloadavg()[0], math.nan))
     roll = Roll()
     due = time.time() + lead
-    run = bench.run(shards.flavour(BEFORE), [])
-    entries = [{"name": "row", "count": count, "every": every, "first_due": due}]
-    entries += [{"name": name, "every": 1} for name in shards._pulses(run.root, AFTER)]
-    run.env["BENCH_ENTRIES"] = json.dumps(entries)
+    run = shards._cluster(bench, BEFORE, count, every, due, pulses=AFTER)  # the pulses: one in each shard to come
     with run:
-        run.start()
-        launched = min(beat.started_at for beat in run.beats)
-        wait_for(run.publishes, lead, 0.1, raise_on_timeout=False)
-        published = run.publishes()
-        result.first = published[0].at - launched if published else math.inf
+        shards._launch(run, result, lead)
         roller = threading.Thread(target=_roll, args=(bench, run, roll, due + ROLL_AT * every / EVERY), daemon=True)
         roller.start()
         shards._window(bench, run, result, count, due, ROUNDS, every)

@@ -189,22 +189,36 @@ def _pulses(root: str, shards: int) -> list[str]:
     raise AssertionError("unreachable")
 
 
+def _cluster(bench: Bench, shards: int, count: int, every: float, due: float, pulses: int | None = None) -> Run:
+    """Three replicas with ``zkbeat_shards = shards``, not started: ``count`` entries every ``every`` s from ``due``.
+
+    Beside them, one small entry every second in each of ``pulses`` shards
+    (``shards`` unless given), as a real schedule has small entries: they
+    wake the leaders' loops, where the fair share is checked, before the burst.
+    """
+    run = bench.run(flavour(shards), [])
+    entries = [{"name": "row", "count": count, "every": every, "first_due": due}]
+    entries += [{"name": name, "every": 1} for name in _pulses(run.root, pulses or shards)]
+    run.env["BENCH_ENTRIES"] = json.dumps(entries)
+    return run
+
+
+def _launch(run: Run, result: Result, lead: float) -> float:
+    """Start the replicas and wait up to ``lead`` s for the first publish (``result.first``); the launch moment."""
+    run.start()
+    launched = min(beat.started_at for beat in run.beats)
+    wait_for(run.publishes, lead, 0.1, raise_on_timeout=False)
+    published = run.publishes()
+    result.first = published[0].at - launched if published else math.inf
+    return launched
+
+
 def _trial(bench: Bench, count: int, shards: int, every: float, lead: float, rounds: int) -> Result:
     result = Result(load=(os.getloadavg()[0], math.nan))
     due = time.time() + lead
-    run = bench.run(flavour(shards), [])
-    # Beside them, one small entry every second in each shard, as a real
-    # schedule has small entries: they wake the leaders' loops, where the
-    # fair share is checked, before the burst.
-    entries = [{"name": "row", "count": count, "every": every, "first_due": due}]
-    entries += [{"name": name, "every": 1} for name in _pulses(run.root, shards)]
-    run.env["BENCH_ENTRIES"] = json.dumps(entries)
+    run = _cluster(bench, shards, count, every, due)
     with run:
-        run.start()
-        launched = min(beat.started_at for beat in run.beats)
-        wait_for(run.publishes, lead, 0.1, raise_on_timeout=False)
-        published = run.publishes()
-        result.first = published[0].at - launched if published else math.inf
+        launched = _launch(run, result, lead)
         if wait_for(lambda: _settled(bench, run, shards), due - 1.5 - time.time(), 0.1, raise_on_timeout=False):
             # The moment it settled: the last takeover logged before it was seen so.
             took = [event.at for beat in run.beats for event in beat.events("zkbeat: became leader")]
