@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError, UnimplementedError
+from kazoo.exceptions import NoAuthError, NoNodeError, UnimplementedError
+from kazoo.security import make_digest_acl
 
 from zkbeat.coordination._multiread import CHUNK, read_many
 from zkbeat.ledger import store as ledger_module
-from zkbeat.ledger.store import Claim, EntryState, Ledger
+from zkbeat.ledger.store import Claim, EntryState, Ledger, decode_answer
 
 
 def test_read_many_returns_data_and_errors_in_order(zk_client, zk_root):
@@ -55,3 +57,31 @@ def test_ledger_falls_back_to_single_reads_without_multiread(zk_client, zk_root,
     records = ledger.load()
     assert {name: record.state.total_run_count for name, record in records.items()} == {"e0": 0, "e1": 1, "e2": 2}
     assert ledger.load(["e1", "missing"]).keys() == {"e1"}
+
+
+def test_one_decoder_reads_each_answer_of_a_ledger_multiread(zk_client, zk_root):
+    """decode_answer: a state, no such entry, data zkbeat cannot decode (no state, and why), NoAuth raised;
+    Ledger.load, on the same znodes, takes the one under someone else's ACL for no state."""
+    ledger = Ledger(zk_client, zk_root)
+    ledger.ensure()
+    fence = zk_client.create(f"{zk_root}/fence", ephemeral=True)
+    ledger.claim([Claim("good", EntryState(datetime.now(timezone.utc), 4))], fence)
+    zk_client.create(ledger.entry_path("garbage"), b"\xff not zkbeat's")
+    zk_client.create(ledger.entry_path("denied"), b"{}", acl=[make_digest_acl("stranger", "pw", all=True)])
+    names = ["good", "garbage", "missing", "denied"]
+    good, garbage, missing, denied = read_many(zk_client, [ledger.entry_path(name) for name in names], timeout=10)
+    read = decode_answer(good)
+    assert read is not None and read.state is not None and read.state.total_run_count == 4
+    assert read.unreadable is None
+    read = decode_answer(garbage)
+    assert read is not None and read.state is None and isinstance(read.unreadable, ValueError)
+    assert read.stat.version == 0
+    assert decode_answer(missing) is None
+    with pytest.raises(NoAuthError):
+        decode_answer(denied)
+    records = ledger.load(names)
+    assert {name: record.state is not None for name, record in records.items()} == {
+        "good": True,
+        "garbage": False,
+        "denied": False,
+    }

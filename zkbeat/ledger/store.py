@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
 from kazoo.client import KazooClient
@@ -62,6 +62,8 @@ __all__ = [
     "decode_name",
     "encode_state",
     "decode_state",
+    "ReadAnswer",
+    "decode_answer",
 ]
 
 logger = logging.getLogger(__name__)
@@ -222,6 +224,40 @@ def decode_state(raw: bytes) -> EntryState:
     )
 
 
+class ReadAnswer(NamedTuple):
+    """One ledger znode as a read answered it (:func:`decode_answer`)."""
+
+    #: The entry's state; None where the znode holds data zkbeat cannot decode (``unreadable`` says why).
+    state: EntryState | None
+    stat: ZnodeStat
+    #: Why the data could not be decoded, or None: each reader logs it in its own words.
+    unreadable: Exception | None = None
+
+
+def decode_answer(answer: Any) -> ReadAnswer | None:
+    """One answer to a read of a ledger znode (a multiRead's, zkbeat.coordination._multiread, or a get's).
+
+    The rules every reader of the ledger follows (Ledger.load, the dashboard):
+
+    * NoNodeError: None, no such entry (deleted since the listing, or never there);
+    * any other error is raised, NoAuthError included: a reader that takes
+      one znode under someone else's ACL for no state (Ledger.load) looks
+      for NoAuthError before it asks; the dashboard lets it rise, and says
+      that it needs credentials;
+    * data zkbeat cannot decode (not UTF-8, not zkbeat's JSON): no state,
+      with the reason in ``unreadable``.
+    """
+    if isinstance(answer, NoNodeError):
+        return None
+    if isinstance(answer, Exception):
+        raise answer
+    raw, stat = answer
+    try:
+        return ReadAnswer(decode_state(raw), stat)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return ReadAnswer(None, stat, exc)
+
+
 @dataclass(frozen=True)
 class LedgerRecord:
     """An entry's znode as read: its state (None if unreadable) and version."""
@@ -306,24 +342,19 @@ class Ledger:
         records: dict[str, LedgerRecord] = {}
         denied = []
         for (name, path), result in zip(pending, self._read([path for _, path in pending])):
-            if isinstance(result, NoNodeError):
-                continue
-            if isinstance(result, NoAuthError):
+            if isinstance(result, NoAuthError):  # no state, as the ledger reads it: below
                 denied.append((name, path, self.client.exists_async(path)))
                 continue
-            if isinstance(result, Exception):
-                raise result
-            raw, stat = result
-            try:
-                state: EntryState | None = decode_state(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
+            read = decode_answer(result)
+            if read is None:
+                continue
+            if read.unreadable is not None:
                 logger.warning(
                     "zkbeat: ledger znode %s holds data zkbeat cannot read (%s); treating it as no state",
                     path,
-                    exc,
+                    read.unreadable,
                 )
-                state = None
-            records[name] = LedgerRecord(state, stat.version, zookeeper_time(stat.mtime))
+            records[name] = LedgerRecord(read.state, read.stat.version, zookeeper_time(read.stat.mtime))
         for name, path, request in denied:
             # Someone else's ACL denies READ: like data zkbeat cannot parse,
             # it is no state (the version, from exists, which needs no

@@ -51,7 +51,7 @@ from ...coordination.liveness import Announcement
 from ...coordination.peers import layout_of
 from ...coordination.shards import election_path, shard_of, shard_root
 from ...ledger import history
-from ...ledger.store import EntryState, decode_name, decode_state, encode_name
+from ...ledger.store import EntryState, decode_answer, decode_name, encode_name
 from . import describe
 
 __all__ = ["ClusterModel", "OBSERVED_LEADERS"]
@@ -398,18 +398,16 @@ class ClusterModel:
     def _apply(self, answers: list[tuple[str, Any]]) -> set[str]:
         changed = set()
         for name, answer in answers:
-            if isinstance(answer, NoNodeError):
+            read = decode_answer(answer)  # NoAuth rises: the page says to start the dashboard with credentials
+            if read is None:
                 if self._states.pop(name, None) is not None or name in self._views:
                     changed.add(name)
                 continue
-            if isinstance(answer, Exception):
-                raise answer
-            raw, _ = answer
-            try:
-                state: EntryState | None = decode_state(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                logger.warning("zkbeat dashboard: ledger entry %r holds data zkbeat cannot read (%s)", name, exc)
-                state = None
+            if read.unreadable is not None:
+                logger.warning(
+                    "zkbeat dashboard: ledger entry %r holds data zkbeat cannot read (%s)", name, read.unreadable
+                )
+            state = read.state
             if name not in self._states or self._states[name] != state or name not in self._views:
                 changed.add(name)
             self._states[name] = state
