@@ -17,6 +17,7 @@ use the scheduler's per-shard state and call its ``tick()``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 
@@ -50,7 +51,17 @@ class ShardedLoop:
 
     def in_shard(self, name: str) -> bool:
         """Whether entry ``name`` belongs to the shard whose part of the loop runs (zkbeat.coordination.shards)."""
+        return self._holds(self._shard, name)
+
+    def _shard_members(self) -> Callable[[str], bool]:
+        """Membership of the shard current now, fixed: for a term made in this shard's pass, whenever it asks."""
         shard = self._shard
+        if shard.count == 1:
+            return _everything
+        return functools.partial(self._holds, shard)
+
+    def _holds(self, shard: ShardState, name: str) -> bool:
+        """Whether entry ``name`` belongs to ``shard``: its number worked out once per name (``_shard_index``)."""
         if shard.count == 1:
             return True
         index = self._shard_index.get(name)
@@ -58,21 +69,6 @@ class ShardedLoop:
             root = shard_root(self.zk_settings.hosts, self.zk_settings.root)
             index = self._shard_index[name] = shard_of(root, name, shard.count)
         return index == shard.index
-
-    def _shard_members(self) -> Callable[[str], bool]:
-        """Membership of the shard current now, fixed: for a term made in this shard's pass, whenever it asks."""
-        shard = self._shard
-        if shard.count == 1:
-            return _everything
-        root, index, known = shard_root(self.zk_settings.hosts, self.zk_settings.root), shard.index, self._shard_index
-
-        def holds(name: str) -> bool:
-            found = known.get(name)
-            if found is None:
-                found = known[name] = shard_of(root, name, shard.count)
-            return found == index
-
-        return holds
 
     @contextlib.contextmanager
     def shard_current(self, shard: ShardState) -> Iterator[None]:
