@@ -75,6 +75,12 @@ CELERY_SIDE = [
     "tests/test_rabbitmq.py::test_a_nack_arrives_wrapped_and_is_not_taken_for_an_outage",
     "tests/test_publish_classification.py",
 ]
+#: The Redis batch publish (zkbeat.leading.batch_publish): it exists only with kombu 5.7's producer, and its
+#: shapes are cut from the message Celery builds, read through Celery's own ``Signal.receivers``. Each Celery
+#: session whose kombu has that producer runs it (``_celery_selection``); elsewhere the path is never taken.
+BATCH_PUBLISH = ["tests/test_batch_publish.py"]
+#: The first kombu with a Redis publish batch (zkbeat.leading.batch_publish.can_batch).
+BATCH_KOMBU = (5, 7)
 #: ONE real 3-replica failover (kill -9), in every session.
 FAILOVER = ["tests/test_failover.py::test_kill_9_of_the_leader_repeatedly[redis]"]
 #: What a django-celery-beat session runs: the DatabaseScheduler tests and ONE of its failovers.
@@ -118,6 +124,12 @@ DJANGO = {
 
 NEWEST = {**CELERY["5.7"], "kazoo": KAZOO["2.11"]}
 FLOORS = {**CELERY["5.3"], "kazoo": KAZOO["2.9"], **DJANGO[("2.5", "4.2")]}
+
+
+def _celery_selection(pins: dict[str, str]) -> list[str]:
+    """A Celery session's tests: CELERY_SELECTION, and BATCH_PUBLISH where its kombu has the batch producer."""
+    kombu = tuple(int(part) for part in pins["kombu"].split(".")[:2])
+    return CELERY_SELECTION + (BATCH_PUBLISH if kombu >= BATCH_KOMBU else [])
 
 
 def _run(
@@ -190,7 +202,7 @@ def _session(name: str, pins: dict[str, str], tests: list[str], extras: str = "t
 
 
 for minor, celery_pins in CELERY.items():
-    _session(f"celery-{minor}", {**NEWEST, **celery_pins}, CELERY_SELECTION)
+    _session(f"celery-{minor}", {**NEWEST, **celery_pins}, _celery_selection(celery_pins))
 _session("kazoo-2.9", {**NEWEST, "kazoo": KAZOO["2.9"]}, KAZOO_SELECTION)
 # kazoo 2.11 with Celery 5.7 is the celery-5.7 session: no second copy.
 for (beat, django), django_pins in DJANGO.items():
