@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.security import make_digest_acl
 
 from tests.support.helpers import every, lead, wait_for
 from tests.support.servers import ZooKeeperServer, expire_session
@@ -154,3 +155,22 @@ def test_the_model_shows_each_shard_s_election(
         model.stop()
         client.stop()
         client.close()
+
+
+def test_one_entry_under_someone_else_s_acl_is_shown_unreadable_and_the_page_goes_on(
+    make_scheduler: Callable[..., Any], model: ClusterModel, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A stranger's znode under the ledger that denies READ is one unreadable entry, not "start with -A" for
+    the whole page: the model keeps following every other entry (nothing single blanks the dashboard)."""
+    scheduler = make_scheduler({"a": every(0.2)}, identity="leader-1")
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and entry(model, "a") is not None, timeout=15)
+    zk_client.create(f"{zk_root}/v1/entries/denied", b"{}", acl=[make_digest_acl("stranger", "pw", all=True)])
+    wait_for(lambda: entry(model, "denied") is not None, timeout=10, message=lambda: repr(model.snapshot()["error"]))
+    assert entry(model, "denied")["readable"] is False
+    assert model.snapshot()["error"] is None
+    before = entry(model, "a")["total_run_count"]
+    wait_for(lambda: scheduler.tick() is not None and entry(model, "a")["total_run_count"] > before, timeout=10)
+    assert model.snapshot()["error"] is None
+    zk_client.delete(f"{zk_root}/v1/entries/denied")  # DELETE is the parent's permission, not the child's
+    wait_for(lambda: entry(model, "denied") is None, timeout=10)

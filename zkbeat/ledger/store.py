@@ -241,9 +241,8 @@ def decode_answer(answer: Any) -> ReadAnswer | None:
 
     * NoNodeError: None, no such entry (deleted since the listing, or never there);
     * any other error is raised, NoAuthError included: a reader that takes
-      one znode under someone else's ACL for no state (Ledger.load) looks
-      for NoAuthError before it asks; the dashboard lets it rise, and says
-      that it needs credentials;
+      one znode under someone else's ACL for no state (Ledger.load, the
+      dashboard) looks for NoAuthError before it asks;
     * data zkbeat cannot decode (not UTF-8, not zkbeat's JSON): no state,
       with the reason in ``unreadable``.
     """

@@ -117,6 +117,8 @@ class ClusterModel:
         self.error: str | None = None
         self._cluster: dict[str, Any] = {}
         self._states: dict[str, EntryState | None] = {}
+        #: Entries whose znode denied READ when last read (said once each).
+        self._denied: set[str] = set()
         self._views: dict[str, dict[str, Any]] = {}
         self._entry_seq: dict[str, int] = {}
         self._removed: dict[str, int] = {}
@@ -380,7 +382,7 @@ class ClusterModel:
         for name, request in requests:
             try:
                 found.append((name, request.get(timeout=timeout)))
-            except NoNodeError as exc:
+            except (NoNodeError, NoAuthError) as exc:
                 found.append((name, exc))
         return found
 
@@ -396,18 +398,35 @@ class ClusterModel:
         return self._apply(self._read_entries(names, watch=True))
 
     def _apply(self, answers: list[tuple[str, Any]]) -> set[str]:
+        """Take read answers into the model; the names whose state changed.
+
+        A znode that denies READ (someone else's ACL under the ledger) is one
+        unreadable entry, logged once, as Ledger.load takes it, never an error
+        for the whole page. A dashboard without the cluster's credentials is
+        told so by the listing of the ledger, which then denies READ itself.
+        """
         changed = set()
         for name, answer in answers:
-            read = decode_answer(answer)  # NoAuth rises: the page says to start the dashboard with credentials
-            if read is None:
-                if self._states.pop(name, None) is not None or name in self._views:
-                    changed.add(name)
-                continue
-            if read.unreadable is not None:
-                logger.warning(
-                    "zkbeat dashboard: ledger entry %r holds data zkbeat cannot read (%s)", name, read.unreadable
-                )
-            state = read.state
+            if isinstance(answer, NoAuthError):
+                if name not in self._denied:
+                    self._denied.add(name)
+                    logger.warning(
+                        "zkbeat dashboard: ledger entry %r denies zkbeat READ (someone else's ACL); shown unreadable",
+                        name,
+                    )
+                state = None  # as an unreadable znode
+            else:
+                self._denied.discard(name)
+                read = decode_answer(answer)
+                if read is None:
+                    if self._states.pop(name, None) is not None or name in self._views:
+                        changed.add(name)
+                    continue
+                if read.unreadable is not None:
+                    logger.warning(
+                        "zkbeat dashboard: ledger entry %r holds data zkbeat cannot read (%s)", name, read.unreadable
+                    )
+                state = read.state
             if name not in self._states or self._states[name] != state or name not in self._views:
                 changed.add(name)
             self._states[name] = state
