@@ -3,6 +3,7 @@ session too, and survives data zkbeat cannot read."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from zkbeat.coordination._zookeeper import make_client
 from zkbeat.coordination.shards import shard_of
 from zkbeat.ledger import controls
 from zkbeat.ops.dashboard.model import ClusterModel
+from zkbeat.ops.status import read_status
 
 
 @pytest.fixture
@@ -174,3 +176,36 @@ def test_one_entry_under_someone_else_s_acl_is_shown_unreadable_and_the_page_goe
     assert model.snapshot()["error"] is None
     zk_client.delete(f"{zk_root}/v1/entries/denied")  # DELETE is the parent's permission, not the child's
     wait_for(lambda: entry(model, "denied") is None, timeout=10)
+
+    # A run-now request nobody may read is skipped (its leader refuses it too); one made by zkbeat shows.
+    zk_client.ensure_path(f"{zk_root}/v1/triggers")
+    zk_client.create(
+        f"{zk_root}/v1/triggers/request-", b"{}", sequence=True, acl=[make_digest_acl("x", "pw", all=True)]
+    )
+    zk_client.create(f"{zk_root}/v1/triggers/request-", json.dumps({"entry": "a", "by": "op"}).encode(), sequence=True)
+    wait_for(lambda: entry(model, "a")["pending"], timeout=10, message=lambda: repr(model.snapshot()["error"]))
+    assert model.snapshot()["error"] is None and [p["by"] for p in entry(model, "a")["pending"]] == ["op"]
+
+    # The run-now inbox itself under someone else's ACL: no pending request shows, the page goes on.
+    for child in zk_client.get_children(f"{zk_root}/v1/triggers"):
+        zk_client.delete(f"{zk_root}/v1/triggers/{child}")
+    zk_client.delete(f"{zk_root}/v1/triggers")
+    zk_client.create(f"{zk_root}/v1/triggers", b"", acl=[make_digest_acl("x", "pw", all=True)])
+    wait_for(lambda: not entry(model, "a")["pending"], timeout=10, message=lambda: repr(model.snapshot()["error"]))
+    before = entry(model, "a")["total_run_count"]
+    wait_for(lambda: scheduler.tick() is not None and entry(model, "a")["total_run_count"] > before, timeout=10)
+    assert model.snapshot()["error"] is None
+
+
+def test_status_without_the_app_s_settings_survives_a_stranger_s_shards_znode_it_may_not_read(
+    make_scheduler: Callable[..., Any], zk_client: KazooClient, zk_root: str, zk_server: ZooKeeperServer
+) -> None:
+    """`zkbeat status --hosts/--root` looks under <root>/v1/shards for sharded replicas when the default
+    election is empty; a stranger's znode there that denies READ is not "denied access, use -A"."""
+    scheduler = make_scheduler({"a": every(0.2)}, identity="sharded", zkbeat_shards=2)
+    scheduler.wait_in_tick = False
+    wait_for(lambda: scheduler.tick() is not None and scheduler.metrics.last_publish is not None, timeout=30)
+    zk_client.ensure_path(f"{zk_root}/v1/shards/9/0")
+    zk_client.create(f"{zk_root}/v1/shards/9/0/election", b"", acl=[make_digest_acl("x", "pw", all=True)])
+    status = read_status(zk_client, zk_root, zk_server.hosts)
+    assert {c.identity for c in status.candidates} == {"sharded"} and len(status.shards) == 2

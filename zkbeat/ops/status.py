@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NoAuthError, NoNodeError
 
 from ..coordination import shards as _shards
 from ..coordination.candidates import CandidateReader
@@ -302,7 +302,7 @@ def _shards_in_use(client: KazooClient, base: str) -> int | None:
             continue
         try:
             found = len(client.get_children(f"{base}/shards/{count}/0/election"))
-        except NoNodeError:
+        except (NoNodeError, NoAuthError):  # NoAuth: a stranger's, which no replica of this cluster made
             continue
         if found > most:
             best, most = count, found
