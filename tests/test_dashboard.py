@@ -19,7 +19,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.browser import Dashboard, browser_page
-from tests.support.faults import wait_until_watched
+from tests.support.faults import ledger_slots, wait_until_watched
 from tests.support.helpers import wait_for
 from tests.support.processes import Cluster
 from tests.test_cli import zkbeat
@@ -138,7 +138,7 @@ def test_page_shows_the_leader_and_the_next_one_after_a_kill_without_a_reload(
 
 
 def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
-    start: Callable[..., tuple[Cluster, Dashboard]],
+    start: Callable[..., tuple[Cluster, Dashboard]], zk_client: KazooClient
 ) -> None:
     """Pause with a note from the page: the entry publishes nothing more and every view shows who and why."""
     cluster, dashboard = start()
@@ -151,6 +151,9 @@ def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
         wait_for(lambda: row(page, "held").query_selector(".pause-note") is not None, timeout=5)
         assert row(page, "held").query_selector(".pause-note").text_content() == note
         paused_at = time.time()
+        # Every claim of "held" before the pause is in the slot its znode holds now; none may follow (a claim
+        # made just before the pause may be sent after it, late on a loaded machine: when says nothing).
+        claimed = ledger_slots(zk_client, cluster.root).get("held")  # None: never claimed
         state = row(page, "held").inner_text()
         assert "paused" in state and "ops-on-call" in state
         # Held for as long as "tick" publishes three more times; "held" not once.
@@ -159,7 +162,7 @@ def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
             lambda: sum(1 for p in cluster.publishes() if p.entry == "tick" and p.at > paused_at) >= base + 3,
             timeout=20,
         )
-        assert [p for p in cluster.publishes() if p.entry == "held" and p.at > paused_at + 0.5] == []
+        assert [p for p in cluster.publishes() if p.entry == "held" and (claimed is None or p.slot > claimed)] == []
         status = json.loads(zkbeat("-A", "tests.support.beatapp", "status", "--json", env=dict(cluster.env)).stdout)
         assert next(e for e in status["entries"] if e["name"] == "held")["paused"]["note"] == note
 
