@@ -102,6 +102,7 @@ def test_the_next_replica_that_reaches_the_broker_takes_over(line, zk_client: Ka
     old = leader.election.candidate
     leader.cut_off()
     wait_for(lambda: heir.election.is_leader, timeout=15)
+    wait_for(lambda: leader.handed, timeout=15)  # said after the transaction commits: the heir may lead first
     assert leader.handed == 1 and heir.probes >= 1 and last.probes == 0, "one replica was asked, and it answered"
     wait_for(lambda: leader.election.candidate not in (None, old))
     names = [name for name, _ in heir.election.candidates()]
@@ -138,6 +139,7 @@ def test_unreadable_and_malformed_answers_are_left_out(line, zk_client: KazooCli
     with caplog.at_level(logging.WARNING, logger="zkbeat"):
         leader.cut_off()
         wait_for(lambda: heir.election.is_leader, timeout=15, message=lambda: caplog.text)
+        wait_for(lambda: leader.handed, timeout=15, message=lambda: caplog.text)  # said after the commit
     assert leader.handed == 1
     assert f"{answers}/{fake}" in caplog.text and "NoAuth" in caplog.text, caplog.text
     # Asking again and being reached again (the other path that reads every answer) survives them too.
@@ -173,6 +175,7 @@ def test_a_question_passes_down_the_line_to_one_that_reaches_the_broker(line, zk
     leader, middle, third = line(False, False, True)
     leader.cut_off()
     wait_for(lambda: third.election.is_leader, timeout=15)
+    wait_for(lambda: leader.handed, timeout=15)  # said after the transaction commits: the third may lead first
     assert leader.handed == 1 and middle.probes >= 1
     wait_for(lambda: len(third.election.candidates()) == 3)
     assert [data["identity"] for _, data in third.election.candidates()][0] == third.election._info["identity"]

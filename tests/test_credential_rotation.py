@@ -74,13 +74,13 @@ def keeps_publishing(cluster: Cluster, by: Replica | None = None, ticks: int = 3
             for name in SCHEDULE
         )
 
-    wait_for(lambda: counts() >= ticks, timeout=30, message=cluster.logs)
+    wait_for(lambda: counts() >= ticks, timeout=60, message=cluster.logs)  # may span a replica's start
 
 
 def replace(cluster: Cluster, old: Replica, *auth: list[str]) -> Replica:
     """A rolling restart's step: a replica with ``auth`` joins, then ``old`` stops (SIGTERM, a graceful handover)."""
     new = cluster.add(conf(*auth))
-    wait_for(lambda: "joining the election" in new.log(), timeout=30, message=new.log)
+    wait_for(lambda: "joining the election" in new.log(), timeout=60, message=new.log)
     old.signal(15)
     old.wait()
     keeps_publishing(cluster)
@@ -96,9 +96,9 @@ def test_a_replica_without_the_credential_waits_behind_one_it_cannot_read(
     first = cluster.add(conf())
     keeps_publishing(cluster, first)
     guarded = cluster.add(conf(NEW))
-    wait_for(lambda: "joining the election" in guarded.log(), timeout=30, message=guarded.log)
+    wait_for(lambda: "joining the election" in guarded.log(), timeout=60, message=guarded.log)
     behind = cluster.add(conf())
-    wait_for(lambda: "joining the election" in behind.log(), timeout=30, message=behind.log)
+    wait_for(lambda: "joining the election" in behind.log(), timeout=60, message=behind.log)
     first.signal(15)
     first.wait()
     keeps_publishing(cluster, guarded, ticks=4)

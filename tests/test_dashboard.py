@@ -19,7 +19,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.browser import Dashboard, browser_page
-from tests.support.faults import wait_until_watched
+from tests.support.faults import ledger_slots, wait_until_watched
 from tests.support.helpers import wait_for
 from tests.support.processes import Cluster
 from tests.test_cli import zkbeat
@@ -58,7 +58,7 @@ def start(make_cluster: Callable[..., Cluster], tmp_path: Path) -> Iterator[Call
     ) -> tuple[Cluster, Dashboard]:
         cluster = make_cluster(3, schedule=schedule or SCHEDULE, extra_env=extra_env)
         cluster.start()
-        wait_for(lambda: {"tick"} <= {p.entry for p in cluster.publishes()}, timeout=30, message=cluster.logs)
+        wait_for(lambda: {"tick"} <= {p.entry for p in cluster.publishes()}, timeout=60, message=cluster.logs)
         dashboard = Dashboard(dict(cluster.env), tmp_path, secret=secret)
         dashboards.append(dashboard)
         dashboard.wait_ready()
@@ -109,19 +109,24 @@ def test_page_shows_the_leader_and_the_next_one_after_a_kill_without_a_reload(
         open_page(page, dashboard)
         wait_for(lambda: shown_leader(page)[0] == leader.identity, timeout=10, message=lambda: str(shown_leader(page)))
         old_epoch = shown_leader(page)[1]
-        # The page and the replicas agree on the rest of the line too.
-        rows = page.eval_on_selector_all("#candidates tbody tr", "trs => trs.map(tr => tr.children[2].textContent)")
-        assert sorted(rows) == sorted(r.identity for r in cluster.replicas)
+
+        # The page and the replicas agree on the rest of the line too (once the last to start has joined it:
+        # start() waits for the first publish, not for every replica).
+        def rows() -> list[str]:
+            return page.eval_on_selector_all("#candidates tbody tr", "trs => trs.map(tr => tr.children[2].textContent)")
+
+        wait_for(lambda: sorted(rows()) == sorted(r.identity for r in cluster.replicas), timeout=60,
+                 message=lambda: f"the page's line: {rows()}\n{cluster.logs()}")  # fmt: skip
 
         page.evaluate("window.__still_this_page = true")  # gone if the page were reloaded
         wait_until_watched(zk_client, cluster.root, leader.pid, cluster.logs)
         leader.signal(signal.SIGKILL)
         killed = time.monotonic()
-        # The issue's bound is 2 s from the kill to the page; 5 s keeps a loaded machine
-        # from failing it, and a page that needed a reload would never get there.
+        # The issue's bound is 2 s from the kill to the page (printed below, not asserted: a loaded machine
+        # may take longer); a page that needed a reload would never get there.
         wait_for(
             lambda: shown_leader(page)[1] not in (old_epoch, "") and shown_leader(page)[0] != leader.identity,
-            timeout=5,
+            timeout=15,
             message=lambda: f"the page still shows {shown_leader(page)}",
         )
         print(f"the page showed the new leader {time.monotonic() - killed:.2f} s after kill -9")
@@ -133,7 +138,7 @@ def test_page_shows_the_leader_and_the_next_one_after_a_kill_without_a_reload(
 
 
 def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
-    start: Callable[..., tuple[Cluster, Dashboard]],
+    start: Callable[..., tuple[Cluster, Dashboard]], zk_client: KazooClient
 ) -> None:
     """Pause with a note from the page: the entry publishes nothing more and every view shows who and why."""
     cluster, dashboard = start()
@@ -146,6 +151,9 @@ def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
         wait_for(lambda: row(page, "held").query_selector(".pause-note") is not None, timeout=5)
         assert row(page, "held").query_selector(".pause-note").text_content() == note
         paused_at = time.time()
+        # Every claim of "held" before the pause is in the slot its znode holds now; none may follow (a claim
+        # made just before the pause may be sent after it, late on a loaded machine: when says nothing).
+        claimed = ledger_slots(zk_client, cluster.root).get("held")  # None: never claimed
         state = row(page, "held").inner_text()
         assert "paused" in state and "ops-on-call" in state
         # Held for as long as "tick" publishes three more times; "held" not once.
@@ -154,7 +162,7 @@ def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
             lambda: sum(1 for p in cluster.publishes() if p.entry == "tick" and p.at > paused_at) >= base + 3,
             timeout=20,
         )
-        assert [p for p in cluster.publishes() if p.entry == "held" and p.at > paused_at + 0.5] == []
+        assert [p for p in cluster.publishes() if p.entry == "held" and (claimed is None or p.slot > claimed)] == []
         status = json.loads(zkbeat("-A", "tests.support.beatapp", "status", "--json", env=dict(cluster.env)).stdout)
         assert next(e for e in status["entries"] if e["name"] == "held")["paused"]["note"] == note
 

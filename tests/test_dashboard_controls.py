@@ -33,7 +33,7 @@ def old_dashboard(old_cluster: Cluster, tmp_path: Path) -> Iterator[Dashboard]: 
         except OSError:
             return False
 
-    wait_for(serving, timeout=30, message=dashboard.log)
+    wait_for(serving, timeout=60, message=dashboard.log)  # a start on a loaded machine
     yield dashboard
     dashboard.stop()
 

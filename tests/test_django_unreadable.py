@@ -73,13 +73,13 @@ def test_a_replica_that_cannot_read_the_database_never_counts_as_leader_and_step
             "ZKBEAT_METRICS_ADDRESS": "127.0.0.1",
         }
     )
-    wait_for(lambda: CANNOT_READ in cut_off.log(), timeout=40, message=cut_off.log)
+    wait_for(lambda: CANNOT_READ in cut_off.log(), timeout=90, message=cut_off.log)
     alone = zkbeat("--hosts", zk_server.hosts, "--root", zk_root, "health")
     assert alone.returncode == 1, alone.stdout + cut_off.log()
 
     good = [cluster.add(), cluster.add()]
     wait_for(lambda: STEPPED_ASIDE in cut_off.log(), timeout=40, message=cut_off.log)
-    wait_for(lambda: sum(len(published_by(cluster, r.pid, "cleanup")) for r in good) >= 5, timeout=40,
+    wait_for(lambda: sum(len(published_by(cluster, r.pid, "cleanup")) for r in good) >= 5, timeout=90,
              message=cluster.logs)  # fmt: skip
     ok = wait_for(lambda: (h := zkbeat("--hosts", zk_server.hosts, "--root", zk_root, "health")).returncode == 0
                   and h, timeout=30, message=cluster.logs)  # fmt: skip

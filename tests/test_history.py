@@ -144,7 +144,7 @@ def test_history_keeps_the_last_runs_across_a_kill_9_failover_with_their_kinds(
 def test_next_prints_the_fire_times_with_the_entrys_jitter(cluster: Cluster, zk_client: KazooClient) -> None:
     """`zkbeat next` prints the next n fire times as the leader publishes them: each slot plus its jitter offset,
     the same as the dashboard computes them."""
-    wait_for(lambda: cluster.publishes(), timeout=30, message=cluster.logs)
+    wait_for(lambda: cluster.publishes(), timeout=60, message=cluster.logs)  # a start under load
     # Run once, so that the ledger holds its last run (before it, every process counts from its own start).
     assert cli(cluster, "trigger", "hourly").returncode == 0
     shown = cli(cluster, "next", "hourly", "-n", "4", "--json")
@@ -181,7 +181,7 @@ def test_an_unknown_entry_is_a_clear_failure_in_text_and_json(cluster: Cluster, 
     """history and next of an entry nobody knows exit 1 naming it, and --json says so as JSON; an empty name or a
     count out of range is one line, exit 2; next without the app cannot know the schedule: exit 2, saying to pass
     -A."""
-    wait_for(lambda: cluster.publishes(), timeout=30, message=cluster.logs)
+    wait_for(lambda: cluster.publishes(), timeout=60, message=cluster.logs)  # a start under load
     for command in ("history", "next"):
         text = cli(cluster, command, "nope")
         assert text.returncode == 1 and text.stdout == "", (command, text.stdout, text.stderr)
@@ -207,7 +207,7 @@ def test_bad_history_in_the_ledger_is_logged_and_survived(cluster: Cluster, zk_c
     """A malformed 'recent' list (bad data in ZooKeeper) reads as no history and keeps the entry's state; a field
     of a later release is ignored; `zkbeat history` shows both; a new leader logs it, runs both entries, and the
     malformed list starts again while the other keeps its runs."""
-    wait_for(lambda: len([p for p in cluster.publishes() if p.entry == "tick"]) >= 3, timeout=30,
+    wait_for(lambda: len([p for p in cluster.publishes() if p.entry == "tick"]) >= 3, timeout=60,
              message=cluster.logs)  # fmt: skip
     assert cli(cluster, "trigger", "hourly").returncode == 0
     for replica in cluster.replicas:
@@ -238,7 +238,7 @@ def test_bad_history_in_the_ledger_is_logged_and_survived(cluster: Cluster, zk_c
 
     new = cluster.add()
     wait_for(lambda: len([r for r in runs(zk_client, cluster, "tick") if r.replica == new.identity]) >= 2,
-             timeout=30, message=cluster.logs)  # fmt: skip
+             timeout=60, message=cluster.logs)  # fmt: skip
     assert "'recent' runs record zkbeat cannot read" in new.log()
     after = decode_state(zk_client.get(ledger.entry_path("tick"))[0])
     assert after.total_run_count > before.total_run_count  # the entry's state was kept and went on

@@ -38,7 +38,7 @@ def old_cluster(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: 
         cluster.replicas.append(old)
         old.start()
     wait_for(lambda: set(SCHEDULE) <= {p.entry for p in cluster.publishes()}, timeout=60, message=cluster.logs)
-    wait_for(lambda: all("joining the election" in r.log() for r in cluster.replicas), timeout=30)
+    wait_for(lambda: all("joining the election" in r.log() for r in cluster.replicas), timeout=60)
     yield cluster
     cluster.stop()
 

@@ -79,6 +79,11 @@ def liveness_lines(caplog: pytest.LogCaptureFixture, node: str) -> list[logging.
     return [r for r in records if any(name in r.getMessage() for name in names)]
 
 
+def proxied(caplog: pytest.LogCaptureFixture, node: str) -> bool:
+    """Whether the watcher said, at INFO, that its connection to ``node``'s beacon goes through a proxy."""
+    return any("proxy" in r.getMessage() and r.levelno == logging.INFO for r in liveness_lines(caplog, node))
+
+
 def test_a_restarting_proxy_in_front_of_a_live_beacon_deposes_nobody(
     owner: Owner, watcher: Watcher, zk_client: KazooClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -89,8 +94,8 @@ def test_a_restarting_proxy_in_front_of_a_live_beacon_deposes_nobody(
     try:
         node = owner.candidate(beacon, port=proxy.port)
         watcher.follow(read(zk_client, owner, node))
-        # The handshake went through the proxy (the watcher logs what it makes of the path).
-        wait_for(lambda: liveness_lines(caplog, node), timeout=10, message=caplog.text)
+        # The handshake went through the proxy (the watcher logs what it makes of the path, at INFO).
+        wait_for(lambda: proxied(caplog, node), timeout=10, message=lambda: caplog.text)
         proxy.close()  # a sidecar, docker-proxy or port-forward restarting: connections end, dials refused
         # A wrong verdict comes within milliseconds (the re-dial is refused at once).
         wait_for(lambda: zk_client.exists(node) is None, timeout=3, raise_on_timeout=False)
@@ -98,7 +103,7 @@ def test_a_restarting_proxy_in_front_of_a_live_beacon_deposes_nobody(
         assert zk_client.exists(node) is not None, "a live process was deposed by a proxy restart"
         assert watcher.deleted == [] and watcher.deposals == []
         assert GONE_LINE not in caplog.text
-        assert any("proxy" in r.getMessage() and r.levelno == logging.INFO for r in liveness_lines(caplog, node))
+        assert proxied(caplog, node)
     finally:
         proxy.close()
         beacon.close()
@@ -239,6 +244,9 @@ def test_each_deposal_is_counted_in_the_metrics(
         assert metric(get(port, "/metrics")[1], "zkbeat_liveness_deposals_total") == 0
         beacon.close()
         assert scheduler.election.wait_for_leadership(timeout=15)
+        # Counted on the watcher's thread after the delete, which the election (its own thread) may act on first.
+        wait_for(lambda: metric(get(port, "/metrics")[1], "zkbeat_liveness_deposals_total") >= 1, timeout=15,
+                 message=caplog.text)  # fmt: skip
         assert metric(get(port, "/metrics")[1], "zkbeat_liveness_deposals_total") == 1
     finally:
         scheduler.close()

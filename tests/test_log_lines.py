@@ -88,8 +88,11 @@ def printed(replica: Replica, row: Row) -> list[Line]:
     return [line for line in lines(replica) if line.level == row.level and row.pattern.fullmatch(line.message)]
 
 
-def expect(replica: Replica, row: Row, containing: str = "", timeout: float = 30) -> Line:
-    """Wait for ``replica`` to print ``row`` (a line that also holds ``containing``)."""
+def expect(replica: Replica, row: Row, containing: str = "", timeout: float = 60) -> Line:
+    """Wait for ``replica`` to print ``row`` (a line that also holds ``containing``).
+
+    The wait may span the replica's start: 10-20 s on a loaded machine.
+    """
     return wait_for(
         lambda: next((line for line in printed(replica, row) if containing in line.message), None),
         timeout=timeout,

@@ -62,14 +62,16 @@ def test_every_metric_the_dashboard_and_the_rules_use_is_exported(make_cluster: 
     port = free_port()
     cluster = make_cluster(1, schedule={"tick": 0.5}, extra_env={"ZKBEAT_TEST_METRICS_PORT": str(port)})
     cluster.start()
-    wait_for(lambda: len(cluster.publishes()) >= 4, timeout=30, message=cluster.logs)
+    wait_for(lambda: len(cluster.publishes()) >= 4, timeout=60, message=cluster.logs)  # a start under load
     text = scrape(port)
     names = exported(text)
     used = used_metrics()
     assert {"zkbeat_is_leader", "zkbeat_entries_overdue", "zkbeat_refusing_to_lead"} <= used
     assert sorted(used - names) == [], f"used but not exported; exported: {sorted(names)}"
-    # A healthy leader: nothing overdue, nothing left out, not refusing.
-    assert value(text, "zkbeat_entries_overdue") == 0
+    # A healthy leader: nothing overdue, nothing left out, not refusing. Overdue is read at the scrape: a tick
+    # of 0.5 s held up half a second on a loaded machine counts for that moment, so a scrape must show 0 soon.
+    wait_for(lambda: value(scrape(port), "zkbeat_entries_overdue") == 0, timeout=30,
+             message=lambda: f"a healthy leader's tick stays overdue\n{cluster.logs()}")  # fmt: skip
     assert value(text, "zkbeat_entries_left_out") == 0
     assert value(text, "zkbeat_refusing_to_lead") == 0
 

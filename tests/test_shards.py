@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -198,10 +197,22 @@ def test_an_idle_sharded_follower_wakes_when_a_shard_comes_to_it(make_scheduler)
     lead_every_shard(leader)
     follower = make_scheduler(entries, zkbeat_shards=2, beat_max_loop_interval=600)
     wait_for(lambda: all(s.election.leadership is None for s in follower._shards), timeout=15)
-    waiting = threading.Thread(target=follower.tick, daemon=True)  # idle: up to 600 s unless an election wakes it
+    sleeps: list[float | None] = []  # the timeout of each wait the follower's loop begins
+    wait = follower._wake.wait
+    follower._wake.wait = lambda timeout=None: (sleeps.append(timeout), wait(timeout))[1]
+
+    def idle() -> None:
+        """Ticks until one goes to sleep for long (a tick just after joining may return early, its lines moving)."""
+        while True:
+            begun = len(sleeps)
+            follower.tick()
+            if any(t is not None and t > 300 for t in sleeps[begun:]):
+                return
+
+    waiting = threading.Thread(target=idle, daemon=True)  # idle: up to 600 s unless an election wakes it
     waiting.start()
-    time.sleep(1)
-    leader.close()
+    wait_for(lambda: any(t is not None and t > 300 for t in sleeps), timeout=60, message=lambda: f"waits {sleeps}")
+    leader.close()  # while the follower sleeps: only a wake-up ends its tick within the join below
     waiting.join(120)
     assert not waiting.is_alive(), "the follower slept on though the shards came to it"
     # Woken by the change of the lines or by the election's edge, whichever came first: the election (its own
@@ -287,7 +298,9 @@ def test_a_stalled_pass_steps_the_replica_down_from_every_shard_it_leads(
         loop = threading.Thread(target=lambda: [scheduler.tick() for _ in iter(stop.is_set, True)], daemon=True)
         loop.start()  # ticks until a send hangs on the silent broker (a write may still fit in a buffer)
         wait_for(lambda: all(s.election.leadership is None for s in scheduler._shards), timeout=60)
-        assert scheduler.watchdog.stalls == 1, "stepped down, but not by the watchdog"
+        # The watchdog steps down first and counts the stall after (its own thread): wait for the count.
+        wait_for(lambda: scheduler.watchdog.stalls >= 1, timeout=30, message="stepped down, but not by the watchdog")
+        assert scheduler.watchdog.stalls == 1, "the watchdog fired more than once for one hung pass"
         stop.set()
         proxy.heal()
         loop.join(60)

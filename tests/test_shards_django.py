@@ -135,6 +135,7 @@ def test_three_shards_hold_their_own_rows_and_survive_a_kill_9(
     periodic_task(deleted).delete()
     changed_at = time.time()
     led = wait_holding_own_shards(cluster, zk_client)
+    dropped_at = time.time()  # each leader said it holds its rows without the disabled and the deleted one
     after = {r.identity: holding(r) for r in cluster.replicas}
     assert after[led[0]] == before[led[0]], "an edit changes no count"
     assert after[led[1]] == before[led[1]] - 1 and after[led[2]] == before[led[2]] - 1, (before, after)
@@ -146,7 +147,10 @@ def test_three_shards_hold_their_own_rows_and_survive_a_kill_9(
     wait_for(lambda: led[0] in rebuilt(), timeout=TIMEOUT, message=cluster.logs)
     time.sleep(3)
     assert rebuilt() == [led[0]], "only the leader of the edited row's shard builds it again"
-    gone_after = [p for p in cluster.publishes() if p.entry in (disabled, deleted) and p.at > changed_at + 2]
+    # Not published once its leader's read dropped it (2 s after the change, or later on a loaded machine).
+    gone_after = [
+        p for p in cluster.publishes() if p.entry in (disabled, deleted) and p.at > max(changed_at + 2, dropped_at)
+    ]
     assert gone_after == [], gone_after
     wait_for(lambda: edited in published_after(cluster, changed_at + 2), timeout=TIMEOUT, message=cluster.logs)
 

@@ -33,9 +33,9 @@ def test_a_sigterm_swallowed_inside_a_kazoo_call_still_stops_the_leader_and_it_h
     until the signal comes): kazoo swallows the SystemExit, yet the replica exits 0 and the next one leads."""
     cluster = make_cluster(0, schedule={"alpha": 1})
     doomed = cluster.add()
-    wait_for(lambda: len(publishes_by(cluster, doomed.pid)) >= 2, timeout=30, message=doomed.log)
+    wait_for(lambda: len(publishes_by(cluster, doomed.pid)) >= 2, timeout=60, message=doomed.log)
     heir = cluster.add()
-    wait_for(lambda: len(candidates(zk_client, zk_root)) == 2, timeout=30, message=cluster.logs)
+    wait_for(lambda: len(candidates(zk_client, zk_root)) == 2, timeout=60, message=cluster.logs)
     doomed.signal(signal.SIGUSR2)  # tests/support/beatapp.py: its next kazoo call stalls in the wake-up send
     controls.request_trigger(zk_client, zk_root, "alpha", "ops@bastion", scheduled=True)  # a call outside a claim
     wait_for(lambda: STALLED in doomed.log(), timeout=30, message=doomed.log)

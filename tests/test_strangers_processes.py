@@ -48,8 +48,8 @@ def cluster(zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str,
     cluster = Cluster(3, zk_hosts=zk_server.hosts, broker=redis_server.url, root=zk_root, schedule=SCHEDULE,
                       log_dir=tmp_path)  # fmt: skip
     cluster.start()
-    wait_for(lambda: set(SCHEDULE) <= {p.entry for p in cluster.publishes()}, timeout=30, message=cluster.logs)
-    wait_for(lambda: all("joining the election" in r.log() for r in cluster.replicas), timeout=30)
+    wait_for(lambda: set(SCHEDULE) <= {p.entry for p in cluster.publishes()}, timeout=90, message=cluster.logs)
+    wait_for(lambda: all("joining the election" in r.log() for r in cluster.replicas), timeout=60)
     yield cluster
     cluster.stop()
 

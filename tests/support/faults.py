@@ -40,17 +40,33 @@ def candidates(client: KazooClient, root: str) -> list[tuple[str, dict, int]]:
     return found
 
 
-def wait_until_watched(client: KazooClient, root: str, pid: int, log: Callable[[], str], timeout: float = 30) -> None:
+def wait_until_watched(
+    client: KazooClient, root: str, pid: int, log: Callable[[], str], timeout: float = 30, election: str | None = None
+) -> None:
     """Wait until a follower's ``log`` says it watches the liveness of the candidate of process ``pid``.
 
     Before its first verified connection a refused dial proves nothing (a
     firewall that rejects looks the same), so a kill that comes earlier is
     seen only when the session ends. Replicas of tests/support/beatapp.py log
-    the line (at DEBUG).
+    the line (at DEBUG). ``election``: the path of another election than the
+    root's (a shard's, zkbeat.coordination.shards.election_path).
     """
-    name = next(name for name, data, _ in candidates(client, root) if data.get("pid") == pid)
-    line = f"watching the liveness of {root}/{LAYOUT_VERSION}/election/{name} at "
+    path = election or f"{root}/{LAYOUT_VERSION}/election"
+    name = next(name for name, data in _line(client, path) if data.get("pid") == pid)
+    line = f"watching the liveness of {path}/{name} at "
     wait_for(lambda: line in log(), timeout=timeout, message=lambda: f"no {line!r} in\n{log()}")
+
+
+def _line(client: KazooClient, path: str) -> list[tuple[str, dict]]:
+    """(name, data) of each candidate of the election at ``path``, in election order."""
+    found = []
+    for child in sorted_candidates(client.get_children(path)):
+        try:
+            raw, _ = client.get(f"{path}/{child}")
+        except NoNodeError:
+            continue
+        found.append((child, json.loads(raw or b"{}")))
+    return found
 
 
 def leader_session(client: KazooClient, root: str) -> tuple[str, int] | None:

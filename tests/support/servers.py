@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,8 +70,37 @@ JVM_FLAGS = (
 FOUR_LETTER_WHITELIST = "ruok,srvr,stat,mntr,cons,wchc,wchp,wchs,dump,conf"
 
 
+#: Where free_port() looks: below the kernel's ephemeral range, from this port up.
+_PICKED_FROM = 20000
+_pick = random.SystemRandom()  # not the random module's seed, which a plugin may make the same in every worker
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (where bind(0) and outgoing connections take theirs)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
-    """Return a loopback TCP port that was free a moment ago."""
+    """Return a loopback TCP port that was free a moment ago.
+
+    Most callers hand the port to a server that binds it later (a replica's
+    /metrics, a ZooKeeper). A port from the ephemeral range could be taken
+    meanwhile by any outgoing connection on the machine (the kernel's pick
+    for a client socket); one below that range is taken only by another
+    explicit bind, so it is picked there, at random, when the range allows.
+    """
+    low = _ephemeral_low()
+    for _ in range(50 if low - _PICKED_FROM >= 1000 else 0):
+        port = _pick.randrange(_PICKED_FROM, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
