@@ -504,3 +504,38 @@ def test_a_header_a_receiver_sets_on_an_entrys_first_message_only_is_in_that_mes
         m["headers"]["zkbeat-entry"] for m in queued_messages(redis_server.port) if "x-first" in m["headers"]
     )
     assert firsts == Counter({name: 1 for name in entries}), f"messages with the first message's mark: {firsts}"
+
+
+def test_a_receivers_copy_of_plain_headers_and_body_is_a_deep_copy_as_copy_deepcopy_makes_it() -> None:
+    """The receivers' copies of plain headers, properties and bodies are made by pickling: they must come out as
+    ``copy.deepcopy``'s do (equal, no container shared with the shape's, a container met twice copied once);
+    anything not plain (a NaN, an object, deep nesting) is left to ``copy.deepcopy``."""
+    import copy
+    import math
+
+    stamps: dict = {"seq": [1, 2]}
+    headers = {"id": "x", "timelimit": [None, None], "stamps": stamps, "again": stamps, "n": 1.5, "b": b"raw"}
+    properties = {"correlation_id": "x", "delivery_mode": 2}
+    assert batch_publish._plain_tree((headers, properties))
+    fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=True)
+    expected = copy.deepcopy((headers, properties))
+    assert (fresh_headers, fresh_properties) == expected and sent == expected
+    assert fresh_headers is not headers and fresh_properties is not properties
+    assert fresh_headers["stamps"] is not stamps and fresh_headers["stamps"]["seq"] is not stamps["seq"]
+    assert fresh_headers["stamps"] is fresh_headers["again"], "a container met twice must be copied once"
+    fresh_headers["stamps"]["seq"].append(3)
+    assert stamps == {"seq": [1, 2]} and sent == expected, "the receivers' copy shares a container with the shape's"
+
+    body = (["a", 1], {"k": [1]}, {"callbacks": None})
+    assert batch_publish._plain_tree(body)
+    fresh = batch_publish._fresh_body(body, plain=True)
+    assert fresh == body and fresh[1] is not body[1] and fresh[1]["k"] is not body[1]["k"]
+
+    class Thing:
+        pass
+
+    deep: list = []
+    for _ in range(batch_publish._PLAIN_DEPTH + 1):
+        deep = [deep]
+    for value in ({"x": math.nan}, {"x": Thing()}, (1, {2: (3, [Thing()])}), deep, {"x": 1.0, "s": {1}}):
+        assert not batch_publish._plain_tree(value), value
