@@ -539,3 +539,29 @@ def test_a_receivers_copy_of_plain_headers_and_body_is_a_deep_copy_as_copy_deepc
         deep = [deep]
     for value in ({"x": math.nan}, {"x": Thing()}, (1, {2: (3, [Thing()])}), deep, {"x": 1.0, "s": {1}}):
         assert not batch_publish._plain_tree(value), value
+
+
+def test_task_ids_and_delivery_tags_are_the_uuids_python_makes() -> None:
+    """A tick's task id is ``uuid.uuid5(NAMESPACE_URL, ...)`` on every replica, old or new, and a delivery tag a
+    uuid4 string as kombu's ``uuid()`` makes it: the quicker formatting must give the very same strings."""
+    import random
+    import uuid
+    from datetime import timedelta
+
+    rng = random.Random(5)
+    slot = datetime(2026, 3, 29, 1, 30, tzinfo=timezone.utc)
+    for n in range(2000):
+        name = "".join(rng.choice("ab-_:/ é€😀0") for _ in range(rng.randrange(0, 20)))
+        root = rng.choice(["/zkbeat", "/a/b", ""])
+        moment = slot + timedelta(
+            seconds=rng.randrange(-(10**8), 10**8), microseconds=rng.randrange(0, 10**6) * (n % 2)
+        )
+        expected = str(uuid.uuid5(uuid.NAMESPACE_URL, f"zkbeat:{root}:{name}:{moment.isoformat()}"))
+        assert task_id_for(root, name, moment) == expected, (root, name, moment)
+        assert task_id_for(root, name, moment, moment.isoformat()) == expected
+    for _ in range(2000):
+        raw = bytes(rng.randrange(256) for _ in range(16))
+        for version in (4, 5):
+            assert batch_publish.uuid_text(raw, version) == str(uuid.UUID(bytes=raw, version=version))
+        tag = batch_publish._delivery_tag()
+        assert str(uuid.UUID(tag)) == tag and uuid.UUID(tag).version == 4 and uuid.UUID(tag).variant == uuid.RFC_4122
