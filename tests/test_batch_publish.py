@@ -565,3 +565,35 @@ def test_task_ids_and_delivery_tags_are_the_uuids_python_makes() -> None:
             assert batch_publish.uuid_text(raw, version) == str(uuid.UUID(bytes=raw, version=version))
         tag = batch_publish._delivery_tag()
         assert str(uuid.UUID(tag)) == tag and uuid.UUID(tag).version == 4 and uuid.UUID(tag).variant == uuid.RFC_4122
+
+
+def test_an_entrys_argsrepr_follows_celerys_repr_settings_from_the_next_batch_on() -> None:
+    """The argsrepr and kwargsrepr headers are Celery's ``saferepr`` under the app's settings; read once a batch,
+    a change of them applies to the entries serialised in the next batch."""
+    from celery import Celery
+    from celery.beat import ScheduleEntry
+
+    app = Celery("repr-settings", set_as_current=False)
+    sender = batch_publish.BatchSender(app)
+    shape = batch_publish._Shape(
+        task="t", options={}, headers={}, properties={}, embed={}, exchange="", routing_key="celery", declare=[],
+        retry_policy={}, serializer="json", priority=0, mandatory=False, own_root=True,
+    )  # fmt: skip
+    args, kwargs = (["x" * 40] * 30, {"deep": [[[[[1]]]]]}), {"k": "v" * 300, "n": [[[[[2]]]]]}
+    entry = ScheduleEntry(name="e", task="t", args=args, kwargs=kwargs, app=app)
+
+    def expected() -> tuple[str, str]:
+        levels = app.conf.task_repr_maxlevels
+        return (
+            saferepr(list(args), app.amqp.argsrepr_maxsize, maxlevels=levels),
+            saferepr(kwargs, app.amqp.kwargsrepr_maxsize, maxlevels=levels),
+        )
+
+    sender.new_batch()
+    body = sender._serialise(entry, shape)
+    assert body is not None and (body.argsrepr, body.kwargsrepr) == expected()
+    app.amqp.argsrepr_maxsize, app.amqp.kwargsrepr_maxsize, app.conf.task_repr_maxlevels = 50, 60, 2
+    sender.new_batch()
+    body = sender._serialise(entry, shape)
+    assert body is not None and (body.argsrepr, body.kwargsrepr) == expected()
+    assert len(body.argsrepr) < 100, body.argsrepr

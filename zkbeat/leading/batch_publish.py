@@ -532,6 +532,12 @@ class BatchSender:
     _routes_static: bool | None = None
     #: The broker's longest bulk string (``proto-max-bulk-len``), asked once a term.
     bulk_limit: int | None = None
+    #: Celery's argsrepr and kwargsrepr sizes and task_repr_maxlevels, read once a batch (:meth:`new_batch`).
+    _repr_limits: tuple[int, int, int] | None = None
+
+    def new_batch(self) -> None:
+        """A batch of ticks is prepared: the settings kept for one batch are read again."""
+        self._repr_limits = None
 
     # -- preparing ----------------------------------------------------------
 
@@ -594,8 +600,16 @@ class BatchSender:
         if task is not None and (getattr(task, "pydantic", False) or type(task).shadow_name is not Task.shadow_name):
             return None  # the message depends on the arguments in ways only Celery's path knows
         args = list(args)  # as celery.beat sends them
-        amqp = self.app.amqp
-        levels = self.app.conf.task_repr_maxlevels
+        limits = self._repr_limits
+        if limits is None:
+            # Celery reads these at every send; a batch's messages are sent together.
+            amqp = self.app.amqp
+            limits = self._repr_limits = (
+                amqp.argsrepr_maxsize,
+                amqp.kwargsrepr_maxsize,
+                self.app.conf.task_repr_maxlevels,
+            )
+        args_max, kwargs_max, levels = limits
         body = (args, kwargs, shape.embed)
         content_type, content_encoding, data = dumps(body, serializer=shape.serializer)
         return _Body(
@@ -606,8 +620,8 @@ class BatchSender:
             data,
             content_type,
             content_encoding,
-            _saferepr(args or (), amqp.argsrepr_maxsize, levels),  # Celery's as_task_v2: ``args or ()``
-            _saferepr(kwargs, amqp.kwargsrepr_maxsize, levels),
+            _saferepr(args or (), args_max, levels),  # Celery's as_task_v2: ``args or ()``
+            _saferepr(kwargs, kwargs_max, levels),
         )
 
     def capture(self, entry: Any, published: dict, producer: Any, unsignalled: _Unsignalled | None = None) -> _Pending:
@@ -1020,6 +1034,7 @@ def publish_many(
     verbose = logger.isEnabledFor(logging.INFO)
     sending = logging.getLogger("zkbeat.leading.publisher")
     say = _quick_line(sending, "Scheduler: Sending due task %s (%s) slot %s epoch %s")
+    sender.new_batch()
     for start in range(0, len(sends), CHUNK):
         chunk = range(start, min(start + CHUNK, len(sends)))
         messages: list[_Pending] = []
