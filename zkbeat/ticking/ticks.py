@@ -82,7 +82,7 @@ def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
         # the last run itself (the pinned clock cancels out of the slot), with
         # no copy of the schedule and no clock read. ~25 µs less a tick.
         try:
-            start = schedule.maybe_make_aware(last_run_at)
+            start = interval_aware(schedule, last_run_at)
             slot = start.astimezone(timezone.utc) + time_remaining(start, schedule.run_every, start, False)
             return slot.astimezone(timezone.utc)
         except Exception:  # noqa: BLE001 - asked the general way below, which says what is wrong
@@ -105,6 +105,24 @@ def slot_after(entry: beat.ScheduleEntry, last_run_at: datetime) -> datetime:
     except Exception:  # noqa: BLE001 - custom schedules may not support this
         slot = now
     return maybe_make_aware(slot).astimezone(timezone.utc)
+
+
+def interval_aware(schedule: schedules.schedule, moment: datetime) -> datetime:
+    """``schedule.maybe_make_aware(moment)`` for a plain interval: an aware moment is returned as it is.
+
+    Celery's ``maybe_make_aware`` returns an aware datetime unchanged, but
+    looks up the schedule's zone first (``app.timezone``, behind a lock):
+    twice per tick of a burst. Asked of a schedule class that overrides it,
+    or of a naive moment, Celery answers.
+    """
+    if type(schedule).maybe_make_aware is _MAYBE_MAKE_AWARE:
+        zone = moment.tzinfo
+        if zone is not None and zone.utcoffset(moment) is not None:
+            return moment
+    return schedule.maybe_make_aware(moment)
+
+
+_MAYBE_MAKE_AWARE = schedules.BaseSchedule.maybe_make_aware
 
 
 def delay_to_slot(entry: beat.ScheduleEntry, is_due: bool, next_time: float) -> float:
