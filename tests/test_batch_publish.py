@@ -597,3 +597,40 @@ def test_an_entrys_argsrepr_follows_celerys_repr_settings_from_the_next_batch_on
     body = sender._serialise(entry, shape)
     assert body is not None and (body.argsrepr, body.kwargsrepr) == expected()
     assert len(body.argsrepr) < 100, body.argsrepr
+
+
+def test_a_changed_entry_goes_out_with_its_new_arguments_while_a_receiver_is_connected(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """What is kept per entry and per shape across ticks (the serialised arguments, whether they and the headers
+    are plain enough to copy by pickling) is the entry's as it was: once the schedule changes the entry, every
+    later message carries the new arguments and options, and the receivers are handed those."""
+    from celery.signals import before_task_publish
+
+    seen: list[tuple[str, Any, Any]] = []
+
+    def watch(body: Any = None, headers: dict | None = None, **_: Any) -> None:
+        if headers is not None and headers.get("zkbeat-entry") == "changing":
+            seen.append((headers.get("x-phase"), body[0], headers.get("argsrepr")))
+
+    before_task_publish.connect(watch, weak=False)
+    try:
+        scheduler = make_scheduler(
+            {"changing": every(1, "a", options={"headers": {"x-phase": "one"}})}, broker_url=redis_server.url
+        )
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("changing") >= 2, timeout=30)
+        scheduler.update_from_dict({"changing": every(1, "b", 2.5, options={"headers": {"x-phase": "two"}})})
+        before = published.count("changing")
+        wait_for(lambda: scheduler.tick() is not None and published.count("changing") >= before + 2, timeout=30)
+    finally:
+        before_task_publish.disconnect(watch)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    phases = [(m["headers"].get("x-phase"), json.loads(base64.b64decode(m["body"]))[0], m["headers"]["argsrepr"])
+              for m in queued_messages(redis_server.port)]  # fmt: skip
+    assert phases[0] == ("one", ["a"], "['a']"), phases
+    assert phases[-1] == ("two", ["b", 2.5], "['b', 2.5]"), phases
+    changed = phases.index(phases[-1])
+    assert all(phase == phases[0] for phase in phases[:changed]), phases
+    assert all(phase == phases[-1] for phase in phases[changed:]), phases
+    assert seen[-1] == ("two", ["b", 2.5], "['b', 2.5]"), seen
