@@ -504,3 +504,133 @@ def test_a_header_a_receiver_sets_on_an_entrys_first_message_only_is_in_that_mes
         m["headers"]["zkbeat-entry"] for m in queued_messages(redis_server.port) if "x-first" in m["headers"]
     )
     assert firsts == Counter({name: 1 for name in entries}), f"messages with the first message's mark: {firsts}"
+
+
+def test_a_receivers_copy_of_plain_headers_and_body_is_a_deep_copy_as_copy_deepcopy_makes_it() -> None:
+    """The receivers' copies of plain headers, properties and bodies are made by pickling: they must come out as
+    ``copy.deepcopy``'s do (equal, no container shared with the shape's, a container met twice copied once);
+    anything not plain (a NaN, an object, deep nesting) is left to ``copy.deepcopy``."""
+    import copy
+    import math
+
+    stamps: dict = {"seq": [1, 2]}
+    headers = {"id": "x", "timelimit": [None, None], "stamps": stamps, "again": stamps, "n": 1.5, "b": b"raw"}
+    properties = {"correlation_id": "x", "delivery_mode": 2}
+    assert batch_publish._plain_tree((headers, properties))
+    fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=True)
+    expected = copy.deepcopy((headers, properties))
+    assert (fresh_headers, fresh_properties) == expected and sent == expected
+    assert fresh_headers is not headers and fresh_properties is not properties
+    assert fresh_headers["stamps"] is not stamps and fresh_headers["stamps"]["seq"] is not stamps["seq"]
+    assert fresh_headers["stamps"] is fresh_headers["again"], "a container met twice must be copied once"
+    fresh_headers["stamps"]["seq"].append(3)
+    assert stamps == {"seq": [1, 2]} and sent == expected, "the receivers' copy shares a container with the shape's"
+
+    body = (["a", 1], {"k": [1]}, {"callbacks": None})
+    assert batch_publish._plain_tree(body)
+    fresh = batch_publish._fresh_body(body, plain=True)
+    assert fresh == body and fresh[1] is not body[1] and fresh[1]["k"] is not body[1]["k"]
+
+    class Thing:
+        pass
+
+    deep: list = []
+    for _ in range(batch_publish._PLAIN_DEPTH + 1):
+        deep = [deep]
+    for value in ({"x": math.nan}, {"x": Thing()}, (1, {2: (3, [Thing()])}), deep, {"x": 1.0, "s": {1}}):
+        assert not batch_publish._plain_tree(value), value
+
+
+def test_task_ids_and_delivery_tags_are_the_uuids_python_makes() -> None:
+    """A tick's task id is ``uuid.uuid5(NAMESPACE_URL, ...)`` on every replica, old or new, and a delivery tag a
+    uuid4 string as kombu's ``uuid()`` makes it: the quicker formatting must give the very same strings."""
+    import random
+    import uuid
+    from datetime import timedelta
+
+    rng = random.Random(5)
+    slot = datetime(2026, 3, 29, 1, 30, tzinfo=timezone.utc)
+    for n in range(2000):
+        name = "".join(rng.choice("ab-_:/ é€😀0") for _ in range(rng.randrange(0, 20)))
+        root = rng.choice(["/zkbeat", "/a/b", ""])
+        moment = slot + timedelta(
+            seconds=rng.randrange(-(10**8), 10**8), microseconds=rng.randrange(0, 10**6) * (n % 2)
+        )
+        expected = str(uuid.uuid5(uuid.NAMESPACE_URL, f"zkbeat:{root}:{name}:{moment.isoformat()}"))
+        assert task_id_for(root, name, moment) == expected, (root, name, moment)
+        assert task_id_for(root, name, moment, moment.isoformat()) == expected
+    for _ in range(2000):
+        raw = bytes(rng.randrange(256) for _ in range(16))
+        for version in (4, 5):
+            assert batch_publish.uuid_text(raw, version) == str(uuid.UUID(bytes=raw, version=version))
+        tag = batch_publish._delivery_tag()
+        assert str(uuid.UUID(tag)) == tag and uuid.UUID(tag).version == 4 and uuid.UUID(tag).variant == uuid.RFC_4122
+
+
+def test_an_entrys_argsrepr_follows_celerys_repr_settings_from_the_next_batch_on() -> None:
+    """The argsrepr and kwargsrepr headers are Celery's ``saferepr`` under the app's settings; read once a batch,
+    a change of them applies to the entries serialised in the next batch."""
+    from celery import Celery
+    from celery.beat import ScheduleEntry
+
+    app = Celery("repr-settings", set_as_current=False)
+    sender = batch_publish.BatchSender(app)
+    shape = batch_publish._Shape(
+        task="t", options={}, headers={}, properties={}, embed={}, exchange="", routing_key="celery", declare=[],
+        retry_policy={}, serializer="json", priority=0, mandatory=False, own_root=True,
+    )  # fmt: skip
+    args, kwargs = (["x" * 40] * 30, {"deep": [[[[[1]]]]]}), {"k": "v" * 300, "n": [[[[[2]]]]]}
+    entry = ScheduleEntry(name="e", task="t", args=args, kwargs=kwargs, app=app)
+
+    def expected() -> tuple[str, str]:
+        levels = app.conf.task_repr_maxlevels
+        return (
+            saferepr(list(args), app.amqp.argsrepr_maxsize, maxlevels=levels),
+            saferepr(kwargs, app.amqp.kwargsrepr_maxsize, maxlevels=levels),
+        )
+
+    sender.new_batch()
+    body = sender._serialise(entry, shape)
+    assert body is not None and (body.argsrepr, body.kwargsrepr) == expected()
+    app.amqp.argsrepr_maxsize, app.amqp.kwargsrepr_maxsize, app.conf.task_repr_maxlevels = 50, 60, 2
+    sender.new_batch()
+    body = sender._serialise(entry, shape)
+    assert body is not None and (body.argsrepr, body.kwargsrepr) == expected()
+    assert len(body.argsrepr) < 100, body.argsrepr
+
+
+def test_a_changed_entry_goes_out_with_its_new_arguments_while_a_receiver_is_connected(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """What is kept per entry and per shape across ticks (the serialised arguments, whether they and the headers
+    are plain enough to copy by pickling) is the entry's as it was: once the schedule changes the entry, every
+    later message carries the new arguments and options, and the receivers are handed those."""
+    from celery.signals import before_task_publish
+
+    seen: list[tuple[str, Any, Any]] = []
+
+    def watch(body: Any = None, headers: dict | None = None, **_: Any) -> None:
+        if headers is not None and headers.get("zkbeat-entry") == "changing":
+            seen.append((headers.get("x-phase"), body[0], headers.get("argsrepr")))
+
+    before_task_publish.connect(watch, weak=False)
+    try:
+        scheduler = make_scheduler(
+            {"changing": every(1, "a", options={"headers": {"x-phase": "one"}})}, broker_url=redis_server.url
+        )
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("changing") >= 2, timeout=30)
+        scheduler.update_from_dict({"changing": every(1, "b", 2.5, options={"headers": {"x-phase": "two"}})})
+        before = published.count("changing")
+        wait_for(lambda: scheduler.tick() is not None and published.count("changing") >= before + 2, timeout=30)
+    finally:
+        before_task_publish.disconnect(watch)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    phases = [(m["headers"].get("x-phase"), json.loads(base64.b64decode(m["body"]))[0], m["headers"]["argsrepr"])
+              for m in queued_messages(redis_server.port)]  # fmt: skip
+    assert phases[0] == ("one", ["a"], "['a']"), phases
+    assert phases[-1] == ("two", ["b", 2.5], "['b', 2.5]"), phases
+    changed = phases.index(phases[-1])
+    assert all(phase == phases[0] for phase in phases[:changed]), phases
+    assert all(phase == phases[-1] for phase in phases[changed:]), phases
+    assert seen[-1] == ("two", ["b", 2.5], "['b', 2.5]"), seen

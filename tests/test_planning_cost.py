@@ -115,3 +115,33 @@ def test_a_pass_leaves_the_collector_off_where_the_application_turned_it_off(
     finally:
         gc.enable()
     assert collector_seen and not any(collector_seen)
+
+
+def test_an_intervals_moment_is_made_aware_as_celery_makes_it() -> None:
+    """interval_aware answers as the schedule's own maybe_make_aware: an aware moment unchanged, a naive one in
+    the app's zone as Celery localises it, and a schedule class with its own maybe_make_aware is asked."""
+    from datetime import datetime, timedelta, timezone
+    from zoneinfo import ZoneInfo
+
+    from celery import Celery, schedules
+
+    from zkbeat.ticking.ticks import interval_aware
+
+    app = Celery("aware", set_as_current=False)
+    app.conf.timezone = "Europe/Paris"
+    plain = schedules.schedule(timedelta(seconds=30), app=app)
+    for moment in (
+        datetime(2026, 3, 29, 1, 30, tzinfo=timezone.utc),
+        datetime(2026, 3, 29, 2, 30, tzinfo=ZoneInfo("Europe/Paris")),
+        datetime(2026, 3, 29, 1, 30),
+        datetime(2026, 10, 25, 2, 30, fold=1),
+    ):
+        got, expected = interval_aware(plain, moment), plain.maybe_make_aware(moment)
+        assert got == expected and got.tzinfo == expected.tzinfo and got.utcoffset() == expected.utcoffset(), moment
+
+    class Shifted(schedules.schedule):
+        def maybe_make_aware(self, dt: datetime, naive_as_utc: bool = True) -> datetime:
+            return super().maybe_make_aware(dt, naive_as_utc) + timedelta(hours=1)
+
+    moment = datetime(2026, 3, 29, 1, 30, tzinfo=timezone.utc)
+    assert interval_aware(Shifted(timedelta(seconds=30), app=app), moment) == moment + timedelta(hours=1)

@@ -32,6 +32,8 @@ import celery
 from celery import Celery, beat, schedules
 from celery.utils.time import remaining
 
+from .ticks import interval_aware
+
 __all__ = ["PassClock"]
 
 
@@ -95,7 +97,7 @@ class PassClock:
         if app is None:
             return None
         # celery.schedules.schedule.is_due, its non-relative branch.
-        last_run_at = schedule.maybe_make_aware(entry.last_run_at)
+        last_run_at = interval_aware(schedule, entry.last_run_at)
         if _REAL_TIME_REMAINING and isinstance(schedule.run_every, timedelta):
             # celery.utils.time.remaining as Celery 5.5 and later computes it: real time, in UTC.
             end = last_run_at.astimezone(timezone.utc) + timedelta(seconds=schedule.run_every.total_seconds())
