@@ -125,7 +125,9 @@ def test_a_redis_loading_its_data_after_a_restart_costs_no_tick(
     make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:
     """-LOADING is Redis's answer that the LPUSH did not run: the tick stays due and goes out once."""
-    server = LoadingRedis(key_load_delay=50).start()
+    # 60,000 keys at 200 µs each: ~12 s of loading, so that a loaded machine (and redis-py's own retries of
+    # a -LOADING answer, 6.x and later) still finds the server loading when the probe asks.
+    server = LoadingRedis(key_load_delay=200).start()
     try:
         filler = redis.Redis(port=server.port, db=1)
         pipe = filler.pipeline(transaction=False)
