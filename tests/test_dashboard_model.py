@@ -209,3 +209,29 @@ def test_status_without_the_app_s_settings_survives_a_stranger_s_shards_znode_it
     zk_client.create(f"{zk_root}/v1/shards/9/0/election", b"", acl=[make_digest_acl("x", "pw", all=True)])
     status = read_status(zk_client, zk_root, zk_server.hosts)
     assert {c.identity for c in status.candidates} == {"sharded"} and len(status.shards) == 2
+
+
+def test_a_dashboard_without_credentials_is_told_so_when_zkbeat_s_own_entries_deny_it_read(
+    make_scheduler: Callable[..., Any], model: ClusterModel, zk_client: KazooClient, zk_root: str
+) -> None:
+    """zkbeat_auth turned on for a root that had none (docs/operating.md, steps 3 and 4): the ledger's listing
+    stays open, the entries the replicas make from then on grant their identity only. A dashboard started
+    without -A can read none of those: it must say it needs credentials, not show them as a stranger's."""
+    before = make_scheduler({"old": every(0.2)}, identity="before-auth")  # the root as it was: open to everyone
+    lead(before)
+    wait_for(lambda: before.tick() is not None and entry(model, "old") is not None, timeout=15)
+    before.close()
+    scheduler = make_scheduler(
+        {"old": every(0.2), "secret": every(0.2)}, identity="with-auth", zkbeat_auth=[("digest", "beat:pw")]
+    )
+    lead(scheduler)
+    wait_for(
+        lambda: scheduler.tick() is not None and entry(model, "secret") is not None,
+        timeout=15,
+        message=lambda: repr(model.snapshot()["error"]),
+    )
+    wait_for(lambda: entry(model, "secret")["readable"] is False, timeout=10)
+    assert model.client.auth_data == set()  # the dashboard truly has no credentials
+    assert model.snapshot()["error"] is not None, (
+        "zkbeat's own entry is unreadable to a dashboard without credentials and the page says nothing is wrong"
+    )
