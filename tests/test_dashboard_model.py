@@ -235,3 +235,38 @@ def test_a_dashboard_without_credentials_is_told_so_when_zkbeat_s_own_entries_de
     assert model.snapshot()["error"] is not None, (
         "zkbeat's own entry is unreadable to a dashboard without credentials and the page says nothing is wrong"
     )
+
+
+def test_an_entry_that_denied_read_is_followed_again_once_its_acl_lets_it_read(
+    make_scheduler: Callable[..., Any],
+    model: ClusterModel,
+    zk_client: KazooClient,
+    zk_root: str,
+    zk_server: ZooKeeperServer,
+) -> None:
+    """A read that ZooKeeper refuses sets no watch: once the znode's ACL is put right (``setAcl``, ``zkbeat acl``)
+    (a credential rotation's step 2, for an entry a replica on the old credential alone made) the dashboard must
+    come to show the entry's state, as it did when NoAuth made it read everything again until it could."""
+    from kazoo.security import OPEN_ACL_UNSAFE
+
+    owner = KazooClient(zk_server.hosts, auth_data=[("digest", "x:pw")])
+    owner.start(timeout=15)
+    try:
+        scheduler = make_scheduler({"a": every(0.2)}, identity="leader-1")
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and entry(model, "a") is not None, timeout=15)
+        closed = [make_digest_acl("x", "pw", all=True)]
+        owner.create(f"{zk_root}/v1/entries/fixed", b"{}", acl=closed)
+        wait_for(lambda: entry(model, "fixed") is not None and entry(model, "fixed")["readable"] is False, timeout=10)
+
+        owner.set_acls(f"{zk_root}/v1/entries/fixed", OPEN_ACL_UNSAFE)
+        owner.set(f"{zk_root}/v1/entries/fixed", b'{"last_run_at": "2026-01-01T12:00:00+00:00", "total_run_count": 7}')
+        wait_for(
+            lambda: scheduler.tick() is not None and (entry(model, "fixed") or {}).get("readable") is True,
+            timeout=10,
+            message=lambda: f"the entry is still shown unreadable: {entry(model, 'fixed')}",
+        )
+        assert entry(model, "fixed")["total_run_count"] == 7
+    finally:
+        owner.stop()
+        owner.close()
