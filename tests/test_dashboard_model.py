@@ -270,3 +270,25 @@ def test_an_entry_that_denied_read_is_followed_again_once_its_acl_lets_it_read(
     finally:
         owner.stop()
         owner.close()
+
+
+def test_status_without_credentials_is_refused_where_the_cluster_s_own_shard_elections_deny_it_read(
+    make_scheduler: Callable[..., Any], zk_client: KazooClient, zk_root: str, zk_server: ZooKeeperServer
+) -> None:
+    """zkbeat_auth turned on for a root that had none: the paths made before stay open, a shard election made
+    since grants the replicas' identity only. `zkbeat status --hosts/--root` without credentials must be told
+    it is denied (NoAuth: "use -A"), not shown a cluster with no replica in it."""
+    from kazoo.exceptions import NoAuthError
+
+    for path in ("election", "shards", "entries", "triggers"):
+        zk_client.ensure_path(f"{zk_root}/v1/{path}")  # made before zkbeat_auth was turned on: open to everyone
+    scheduler = make_scheduler(
+        {"a": every(0.2)}, identity="sharded", zkbeat_shards=2, zkbeat_auth=[("digest", "beat:pw")]
+    )
+    scheduler.wait_in_tick = False
+    wait_for(lambda: scheduler.tick() is not None and scheduler.metrics.last_publish is not None, timeout=30)
+    try:
+        status = read_status(zk_client, zk_root, zk_server.hosts)
+    except NoAuthError:
+        return
+    raise AssertionError(f"denied READ on the cluster's own elections, status says: {status.candidates}")
