@@ -297,15 +297,21 @@ def _shards_in_use(client: KazooClient, base: str) -> int | None:
     except NoNodeError:
         return None
     best, most = None, 0
+    denied: NoAuthError | None = None
     for count in sorted(counts):
         if count < 2:
             continue
         try:
             found = len(client.get_children(f"{base}/shards/{count}/0/election"))
-        except (NoNodeError, NoAuthError):  # NoAuth: a stranger's, which no replica of this cluster made
+        except NoNodeError:
+            continue
+        except NoAuthError as exc:
+            denied = exc  # a stranger's, or the cluster's own made with credentials this client lacks
             continue
         if found > most:
             best, most = count, found
+    if best is None and denied is not None:
+        raise denied  # none readable: the caller says to pass the app's credentials (-A)
     return best
 
 

@@ -68,6 +68,9 @@ _QUICK_FIRST = 100
 #: Seconds between recomputing the next fire times of entries that are due
 #: (late or paused): theirs move with the clock, not with ZooKeeper.
 _DUE_REFRESH = 5.0
+#: Seconds between reads of entries that denied READ: a refused read sets no watch, and an ACL put right
+#: (``zkbeat acl``, a credential rotation) fires none either.
+_DENIED_RETRY = 2.0
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -203,17 +206,26 @@ class ClusterModel:
         # default app (UTC), and "at 07:30 Europe/Paris" would fire at 07:30 UTC.
         if self.app is not None:
             self.app.set_current()
-        last_due = time.monotonic()
+        last_due = last_denied = time.monotonic()
         while not self._stopping:
-            self._wake.wait(_DUE_REFRESH)
+            self._wake.wait(_DENIED_RETRY if self._denied or self._triggers_denied else _DUE_REFRESH)
             self._wake.clear()
             if self._stopping:
                 return
             time.sleep(_BATCH)
+            if time.monotonic() - last_denied >= _DENIED_RETRY:
+                last_denied = time.monotonic()
+                with self._notes:
+                    self._dirty_entries |= self._denied
+                    if self._triggers_denied:
+                        self._dirty.add("triggers")
             if self.client.connected:
                 try:
                     self._sync()
-                    self.error = None
+                    notice = self._denied_notice()
+                    if notice != self.error:
+                        self.error = notice
+                        self._publish(set(), cluster=True)
                 except NoAuthError:
                     self.error = f"ZooKeeper denied access under {self.root} (NoAuth): start the dashboard with -A"
                     self._full = True
@@ -341,6 +353,16 @@ class ClusterModel:
             }
         )
 
+    def _denied_notice(self) -> str | None:
+        """What the page says while ledger entries deny this dashboard READ (they are shown unreadable)."""
+        if not self._denied:
+            return None
+        count = len(self._denied)
+        what = f"{count} ledger entr{'y denies' if count == 1 else 'ies deny'} this dashboard READ (NoAuth)"
+        if not self.client.auth_data:
+            return f"{what}: start the dashboard with -A (or zkbeat_auth) if the replicas use zkbeat_auth"
+        return f"{what} with its credentials: another ACL, or a zkbeat_auth that differs from the replicas'"
+
     def _read_entry_list(self, full: bool) -> set[str]:
         try:
             components = self.client.get_children(self.entries_path, watch=self._on_entries)
@@ -352,6 +374,7 @@ class ClusterModel:
         gone = {name for name in self._states if name not in present}
         for name in gone:
             del self._states[name]
+            self._denied.discard(name)
         fresh = present if full else present - set(self._states)
         changed = self._update_entries(sorted(fresh)) | gone
         return changed
@@ -412,8 +435,9 @@ class ClusterModel:
                 if name not in self._denied:
                     self._denied.add(name)
                     logger.warning(
-                        "zkbeat dashboard: ledger entry %r denies zkbeat READ (someone else's ACL); shown unreadable",
+                        "zkbeat dashboard: ledger entry %r denies this dashboard READ (NoAuth; %s); shown unreadable",
                         name,
+                        "it has no credentials: -A" if not self.client.auth_data else "another ACL",
                     )
                 state = None  # as an unreadable znode
             else:
@@ -436,6 +460,7 @@ class ClusterModel:
     def _read_triggers(self) -> set[str]:
         try:
             children = self.client.get_children(self.triggers_path, watch=self._on_triggers)
+            self._triggers_denied = False
         except NoNodeError:
             children = []
             if self.client.exists(self.triggers_path, watch=self._on_triggers) is not None:
