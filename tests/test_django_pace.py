@@ -96,3 +96,39 @@ def test_rows_share_a_message_shape_and_each_first_message_is_the_one_kombu_writ
         args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
         assert (args, kwargs) == (rows[name], {}), name
         assert headers["id"] == message["properties"]["correlation_id"], name
+
+
+def test_a_pass_reads_django_celery_beats_clock_once_not_per_row(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interval rows due together: their is_due and beat's heap times come from one reading of the clock per pass.
+
+    django-celery-beat's interval schedules read Django's clock (a time-zone
+    conversion) on every ``is_due()`` and every heap time, three times per
+    row published; the pass reads it once and answers each row from that
+    reading, by the same arithmetic. Every row still runs once.
+    """
+    import django_celery_beat.models
+    from django_celery_beat.models import PeriodicTask
+
+    rows = [f"row-{n:03d}" for n in range(200)]
+    for name in rows:
+        interval_task(name, 3600)
+    soon = datetime.now(timezone.utc) - timedelta(seconds=3600 - 8)  # every row due 8 s from now
+    PeriodicTask.objects.filter(name__in=rows).update(last_run_at=soon)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    scheduler.tick()  # takes over: reads the rows and places them on beat's heap
+    assert len(scheduler.schedule) >= len(rows) and not any(published.count(name) for name in rows)
+    real_now = django_celery_beat.models.now
+    readings: list[int] = []
+
+    def now():  # counted within the leader's passes (between them, each tick reads it once to know how long to wait)
+        if scheduler.pass_clock.running:
+            readings.append(1)
+        return real_now()
+
+    monkeypatch.setattr(django_celery_beat.models, "now", now)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 1 for name in rows), timeout=60)
+    assert all(published.count(name) == 1 for name in rows)
+    assert len(readings) <= 10, f"{len(readings)} readings of django-celery-beat's clock in passes, {len(rows)} rows"
