@@ -206,7 +206,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         super().__init__(*args, **kwargs)
         if self.sharded:
             self._table.wanted = self._wants
-        self.pass_clock.real_clocks.add(_interval_clock())
+        clock = _interval_clock()
+        if clock is not None:
+            self.pass_clock.real_clocks.add(clock)
 
     @property
     def schedule(self) -> dict[str, ModelEntry]:

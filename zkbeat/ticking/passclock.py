@@ -143,7 +143,8 @@ class PassClock:
         nowfun = getattr(schedule, "nowfun", None)
         if nowfun is not None:
             # A clock of its own: the pass's reading gives its instant (``when``), not its zone.
-            return _REAL_CLOCK if getattr(nowfun, "__code__", None) in self.real_clocks else None
+            code = getattr(nowfun, "__code__", None)
+            return _REAL_CLOCK if code is not None and code in self.real_clocks else None
         app = schedule.app
         if type(app).now is not _APP_NOW or "now" in vars(app):
             return None
