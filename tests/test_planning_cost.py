@@ -115,3 +115,35 @@ def test_a_pass_leaves_the_collector_off_where_the_application_turned_it_off(
     finally:
         gc.enable()
     assert collector_seen and not any(collector_seen)
+
+
+def test_a_clock_of_its_own_is_timed_from_the_pass_only_when_its_host_named_its_code() -> None:
+    """``PassClock.real_clocks``: an entry whose schedule has a ``nowfun`` is answered from the pass's reading
+    only if that function's code was named; a callable without code of its own (a partial) never is."""
+    import functools
+    from datetime import datetime, timedelta, timezone
+
+    from celery import Celery, beat, schedules
+
+    from zkbeat.ticking.passclock import PassClock
+
+    app = Celery("zkbeat-test", set_as_current=False)
+
+    def real_now() -> datetime:
+        return datetime.now(timezone.utc)
+
+    def entry(nowfun) -> beat.ScheduleEntry:
+        schedule = schedules.schedule(timedelta(seconds=60), nowfun=nowfun, app=app)
+        return beat.ScheduleEntry(name="e", task="t", schedule=schedule, app=app)
+
+    named, unnamed, partial = entry(real_now), entry(lambda: real_now()), entry(functools.partial(real_now))
+    clock = PassClock()
+    clock.real_clocks.update({real_now.__code__, None})
+    clock.start()
+    try:
+        assert clock.when(named, 5) is not None
+        assert clock.when(unnamed, 5) is None
+        assert clock.when(partial, 5) is None
+        assert clock.is_due(named) is None, "its zone is its own: is_due asks the entry"
+    finally:
+        clock.stop()
