@@ -16,15 +16,24 @@ second round S seconds after each entry's first (every tick an entry's later
 one: the steady state), whose CPU per 1,000 and lateness (publish minus the
 tick's slot) are printed apart. The time spent in the fenced claims (wall,
 and CPU of beat's loop) and Python's garbage collections by generation are
-printed too; ``--profile FILE`` writes a cProfile of the window. Past 20,000
+printed too; ``--profile FILE`` writes a cProfile of the window (``--profile-round
+N``: from round N's first publish on). Past 20,000
 entries ZooKeeper gets a 2 GB heap (the tests' 256 MB runs out).
+
+``--database`` makes the entries django-celery-beat rows on PostgreSQL
+(bench/schemadb.py: a database of its own, dropped at the end; the example
+project's settings) led by ``zkbeat.DatabaseScheduler`` instead of
+``beat_schedule`` entries led by ``zkbeat.Scheduler``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
+import os
+import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
@@ -45,6 +54,8 @@ def main() -> None:
     parser.add_argument("--every", type=float, help="burst: the entries' period in seconds (default 3,600)")
     parser.add_argument("--rounds", type=int, default=1, help="burst: rounds to publish (the second and later: steady)")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the window (beat's loop) to FILE")
+    parser.add_argument("--profile-round", type=int, default=1, help="profile from this round's first publish on")
+    parser.add_argument("--database", action="store_true", help="django-celery-beat rows on PostgreSQL instead")
     args = parser.parse_args()
     steady = args.scenario == "steady"
     count = args.entries or (1000 if steady else 10000)
@@ -102,6 +113,7 @@ def main() -> None:
     last_publish = [0.0]
     record = (logs / "publishes.tsv").open("a", buffering=1)
 
+    profiler: list = [None]
     late: list[list[float]] = [[] for _ in range(rounds + 1)]  # publish - slot, by round (1-based)
     round_cpu: dict[int, float] = {}  # process CPU when each round's first publish came
 
@@ -110,27 +122,29 @@ def main() -> None:
         round_ = published[0] // count + 1
         if round_ not in round_cpu:
             round_cpu[round_] = time.process_time()
+            if round_ == args.profile_round and profiler[0] is not None:
+                profiler[0].enable()
         slot = (headers or {}).get("zkbeat-slot")
         if slot and round_ <= rounds:
             late[round_].append(time.time() - datetime.fromisoformat(slot).timestamp())
         published[0] += 1
         last_publish[0] = time.time()
-        record.write(f"{body[0][0]}\t{time.time():.6f}\n")
+        name = (headers or {}).get("periodic_task_name") or body[0][0]
+        record.write(f"{name}\t{time.time():.6f}\n")
 
-    if count > 20000:
-        # The tests' ZooKeeper has a 256 MB heap: a 100,000-entry ledger and its writes exhaust it (the JVM
-        # takes the last -Xmx given).
-        servers.JVM_FLAGS = (*servers.JVM_FLAGS, "-Xmx2g")
-    zk, redis_server = ZooKeeperServer().start(), RedisServer().start()
+    # The tests' ZooKeeper has a 256 MB heap: a 100,000-entry ledger and its writes exhaust it.
+    heap_mb = 2048 if count > 20000 else servers.DEFAULT_HEAP_MB
+    zk, redis_server = ZooKeeperServer(heap_mb=heap_mb).start(), RedisServer().start()
     scheduler = None
+    rows = contextlib.ExitStack()
     try:
         due = datetime.now(timezone.utc) + timedelta(seconds=5 if steady else 8)
         app = Celery("zkbench-inproc", set_as_current=False)
-        app.conf.update(
-            broker_url=redis_server.url,
-            zkbeat_hosts=zk.hosts,
-            zkbeat_root="/zkbench-inproc",
-            beat_schedule={
+        app.conf.update(broker_url=redis_server.url, zkbeat_hosts=zk.hosts, zkbeat_root="/zkbench-inproc")
+        if args.database:
+            scheduler_class = _database(rows, app, count, every, due)
+        else:
+            app.conf.beat_schedule = {
                 f"e-{i:05d}": {
                     "task": "zkbench.noop",
                     "schedule": timedelta(seconds=every),
@@ -138,9 +152,9 @@ def main() -> None:
                     "last_run_at": due - timedelta(seconds=every),
                 }
                 for i in range(count)
-            },
-        )
-        scheduler = Scheduler(app)
+            }
+            scheduler_class = Scheduler
+        scheduler = scheduler_class(app)
         assert scheduler.election.wait_for_leadership(timeout=30), "never led"
 
         def run_until(stop) -> None:
@@ -151,12 +165,12 @@ def main() -> None:
             run_until(lambda: time.time() > due.timestamp() + every + 1)  # the first round
         else:
             run_until(lambda: time.time() > due.timestamp() - 0.5)
-        profiler = None
         if args.profile:
             import cProfile
 
-            profiler = cProfile.Profile()
-            profiler.enable()
+            profiler[0] = cProfile.Profile()
+            if args.profile_round <= 1:
+                profiler[0].enable()
         cpu, main, before, spent[0] = time.process_time(), time.thread_time(), published[0], 0.0
         collecting["spent"], collecting["count"] = [0.0, 0.0, 0.0], [0, 0, 0]
         claiming[:] = [0.0, 0.0]
@@ -168,9 +182,9 @@ def main() -> None:
             limit = due.timestamp() + 300 + every * (rounds - 1)
             run_until(lambda: published[0] >= count * rounds or time.time() > limit)
         cpu, main, done = time.process_time() - cpu, time.thread_time() - main, published[0] - before
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(args.profile)
+        if profiler[0] is not None:
+            profiler[0].disable()
+            profiler[0].dump_stats(args.profile)
         collected = ", ".join(
             f"gen {g}: {n} in {t:.2f} s" for g, (n, t) in enumerate(zip(collecting["count"], collecting["spent"]))
         )
@@ -198,8 +212,35 @@ def main() -> None:
     finally:
         if scheduler is not None:
             scheduler.close()
+        rows.close()
         zk.stop()
         redis_server.stop()
+
+
+def _database(stack: contextlib.ExitStack, app: Celery, count: int, every: float, due: datetime) -> type:
+    """``count`` django-celery-beat rows due at ``due`` in a database of their own; zkbeat.DatabaseScheduler."""
+    import django
+
+    from bench.schemadb import EXAMPLE_PROJECT, ScheduleDatabase
+
+    db = stack.enter_context(ScheduleDatabase())
+    os.environ.update(db.env())
+    if str(EXAMPLE_PROJECT) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE_PROJECT))
+    django.setup()
+    stack.callback(_close_connections)
+    db.fill(count, int(every), due - timedelta(seconds=every))
+    app.conf.update(beat_schedule={}, zkbeat_stall_timeout=300)  # a 100,000-row read is not a hung leader
+    app.task(name="zkbench.noop")(lambda: None)
+    from zkbeat.contrib.django import DatabaseScheduler
+
+    return DatabaseScheduler
+
+
+def _close_connections() -> None:
+    from django.db import connections
+
+    connections.close_all()  # before the database is dropped
 
 
 if __name__ == "__main__":

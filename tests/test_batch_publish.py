@@ -577,7 +577,7 @@ def test_an_entrys_argsrepr_follows_celerys_repr_settings_from_the_next_batch_on
     sender = batch_publish.BatchSender(app)
     shape = batch_publish._Shape(
         task="t", options={}, headers={}, properties={}, embed={}, exchange="", routing_key="celery", declare=[],
-        retry_policy={}, serializer="json", priority=0, mandatory=False, own_root=True,
+        retry_policy={}, serializer="json", priority=0, mandatory=False, own_root=True, named=(),
     )  # fmt: skip
     args, kwargs = (["x" * 40] * 30, {"deep": [[[[[1]]]]]}), {"k": "v" * 300, "n": [[[[[2]]]]]}
     entry = ScheduleEntry(name="e", task="t", args=args, kwargs=kwargs, app=app)

@@ -145,3 +145,35 @@ def test_an_intervals_moment_is_made_aware_as_celery_makes_it() -> None:
 
     moment = datetime(2026, 3, 29, 1, 30, tzinfo=timezone.utc)
     assert interval_aware(Shifted(timedelta(seconds=30), app=app), moment) == moment + timedelta(hours=1)
+
+
+def test_a_clock_of_its_own_is_timed_from_the_pass_only_when_its_host_named_its_code() -> None:
+    """``PassClock.real_clocks``: an entry whose schedule has a ``nowfun`` is answered from the pass's reading
+    only if that function's code was named; a callable without code of its own (a partial) never is."""
+    import functools
+    from datetime import datetime, timedelta, timezone
+
+    from celery import Celery, beat, schedules
+
+    from zkbeat.ticking.passclock import PassClock
+
+    app = Celery("zkbeat-test", set_as_current=False)
+
+    def real_now() -> datetime:
+        return datetime.now(timezone.utc)
+
+    def entry(nowfun) -> beat.ScheduleEntry:
+        schedule = schedules.schedule(timedelta(seconds=60), nowfun=nowfun, app=app)
+        return beat.ScheduleEntry(name="e", task="t", schedule=schedule, app=app)
+
+    named, unnamed, partial = entry(real_now), entry(lambda: real_now()), entry(functools.partial(real_now))
+    clock = PassClock()
+    clock.real_clocks.update({real_now.__code__, None})
+    clock.start()
+    try:
+        assert clock.when(named, 5) is not None
+        assert clock.when(unnamed, 5) is None
+        assert clock.when(partial, 5) is None
+        assert clock.is_due(named) is None, "its zone is its own: is_due asks the entry"
+    finally:
+        clock.stop()

@@ -45,7 +45,7 @@ class Placer:
         self._zones: dict[int, Any] = {}
 
     def event(self, entry: beat.ScheduleEntry) -> beat.event_t:
-        delay = self._due_in(entry)
+        delay = self.due_in(entry)
         if delay is None:
             is_due, delay = self.scheduler.entry_is_due(entry)
             return beat.event_t(self.scheduler._when_safe(entry, 0 if is_due else delay), next(self.ties), entry)
@@ -53,7 +53,7 @@ class Placer:
             self._base = self.scheduler._when_safe(entry, 0)
         return beat.event_t(self._base + (self.scheduler.adjust(delay) or 0), next(self.ties), entry)
 
-    def _due_in(self, entry: beat.ScheduleEntry) -> float | None:
+    def due_in(self, entry: beat.ScheduleEntry) -> float | None:
         """Seconds until an enabled plain interval row is due (its is_due, by arithmetic); None otherwise."""
         if type(entry) is not self.entry_class:
             return None

@@ -33,6 +33,9 @@ this module changes exactly those:
 * Beat's heap asks every entry its clock to place it, and compares the whole
   schedule with its last copy on every pass. Here interval rows are placed
   by arithmetic (zkbeat.contrib._heap), and the heap follows each change.
+  Within a pass, an interval row's ``is_due()`` and heap time come from one
+  reading of the clock for the pass, not from django-celery-beat's clock
+  (a time-zone conversion) two or three times per row published.
 
 Rows written around the admin (raw SQL, ``QuerySet.update``) can hold what
 django-celery-beat cannot load or save: an unknown time zone, arguments that
@@ -56,13 +59,13 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from celery import beat
+from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, transaction
 from django.db.transaction import TransactionManagementError
 from django_celery_beat import schedulers
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from kazoo.protocol.states import KazooState
 
 from ..coordination.election import Fence
@@ -198,9 +201,14 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         self._shard_read_under: dict[int, Fence] = {}
         #: With shards: the held shards whose rows loaded since their leadership began.
         self._loaded_shards: set[int] = set()
+        #: The pass's answers for plain interval rows (see :meth:`is_due`), and the pass clock reading they are of.
+        self._pass_placer: tuple[Any, Placer] | None = None
         super().__init__(*args, **kwargs)
         if self.sharded:
             self._table.wanted = self._wants
+        clock = _interval_clock()
+        if clock is not None:
+            self.pass_clock.real_clocks.add(clock)
 
     @property
     def schedule(self) -> dict[str, ModelEntry]:
@@ -672,6 +680,28 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         heapq.heapify(kept)
         self._heap = kept
 
+    def is_due(self, entry: beat.ScheduleEntry) -> Any:
+        """django-celery-beat's ``is_due()``; within a pass, a plain interval row's from the pass's reading.
+
+        Its own asks Django's clock for every row (zkbeat.contrib._heap
+        computes the same answer from one reading of the schedules' clock
+        per pass): a row that is disabled, starts or expires, or runs once is
+        asked itself, as is every other schedule.
+        """
+        reading = self.pass_clock.now()
+        if reading is not None:
+            pass_placer = self._pass_placer
+            if pass_placer is None or pass_placer[0] is not reading:
+                pass_placer = self._pass_placer = (reading, Placer(self, ModelEntry, self._ties))
+            remaining = pass_placer[1].due_in(entry)
+            if remaining is not None:
+                return (
+                    schedules.schedstate(False, remaining)
+                    if remaining
+                    else schedules.schedstate(True, entry.schedule.seconds)
+                )
+        return entry.is_due()
+
     def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:
         # Beat compares the whole schedule with its last copy on every pass to
         # see whether to rebuild the heap: 100,000 comparisons. This scheduler
@@ -752,6 +782,12 @@ def _obvious_json() -> Iterator[None]:
         yield
     finally:
         schedulers.loads = real
+
+
+def _interval_clock() -> Any:
+    """The code of django-celery-beat's interval schedules' clock (Django's now, made aware): it reads the real time."""
+    nowfun = IntervalSchedule(every=1, period=IntervalSchedule.SECONDS).schedule.nowfun
+    return getattr(nowfun, "__code__", None)
 
 
 def copy_row(model: PeriodicTask) -> PeriodicTask:

@@ -10,7 +10,9 @@ Celery once (:class:`_Capture`: Celery's ``apply_async`` down to kombu's
 :class:`_Shape`, and every later tick patches the per-tick fields of a copy
 and hands it to kombu's channel. Entries that share a task and options
 share one shape: only their arguments (serialised once per entry) differ,
-so a new leader's first round is fast too. Where the message may differ
+so a new leader's first round is fast too. A header option that holds the
+entry's own name (django-celery-beat's ``periodic_task_name``) is the
+entry's, like its arguments: it does not make a shape of its own. Where the message may differ
 from tick to tick in ways only Celery knows (a ``BeatLazyFunc`` argument, a
 router function in ``task_routes``), every tick is built through Celery.
 Celery's ``before_task_publish`` fires for every message before it is
@@ -120,8 +122,10 @@ class _Shape:
     """What Celery built for a message of one task with one set of options, minus the per-tick fields."""
 
     task: str
-    #: The entry's own options as they were (shapes are shared by equality).
+    #: The entry's own options as they were, less its named headers (shapes are shared by equality).
     options: dict
+    #: Headers (of the entry's ``headers`` option) that hold the entry's own name (:func:`_shape_options`).
+    named: tuple[str, ...]
     headers: dict
     properties: dict
     embed: dict
@@ -290,7 +294,9 @@ class _ShapeTemplate:
         payload = commands[0][2]
         slot = extra[_SLOT_HEADER]
         expected = message["headers"].get("root_id") == task_id
-        cut = _cut(payload, [task_id, slot, tag, *own], [3 if expected else 2, 1, 1, 1, 1, 1, 1])
+        # The name is in zkbeat's entry header and in each of the shape's named headers.
+        counts = [3 if expected else 2, 1, 1, 1, 1, 1, 1 + len(body.shape.named)]
+        cut = _cut(payload, [task_id, slot, tag, *own], counts)
         if cut is None:
             return None
         template = cls(
@@ -406,6 +412,25 @@ def _fresh_body(body: tuple, plain: bool = False) -> tuple:
 def _delivery_tag() -> str:
     """A delivery tag as kombu's ``prepare_message`` makes one (``str(uuid.uuid4())``), at a third of its cost."""
     return uuid_text(os.urandom(16), 4)
+
+
+def _shape_options(entry: Any) -> tuple[dict, tuple[str, ...]]:
+    """The entry's options as its shape knows them, and the headers that hold the entry's own name.
+
+    A header whose value is the entry's name (django-celery-beat names each
+    row in ``periodic_task_name``) differs from entry to entry as the name
+    does: it is left out of the options shapes are shared by, and put into
+    each message with the name (:meth:`BatchSender._patched`).
+    """
+    options = entry.options or {}
+    headers = options.get("headers")
+    name = entry.name
+    if type(headers) is not dict or type(name) is not str:
+        return options, ()
+    named = tuple(key for key, value in headers.items() if type(value) is str and value == name)
+    if not named:
+        return options, ()
+    return {**options, "headers": {key: value for key, value in headers.items() if key not in named}}, named
 
 
 def _same(kept: Any, now: Any) -> bool:
@@ -548,7 +573,7 @@ class BatchSender:
         body = self.bodies.get(entry.name)
         if body is not None and _same(body.args, entry.args) and _same(body.kwargs, entry.kwargs):
             shape = body.shape
-            if shape.task == entry.task and shape.options == (entry.options or {}):
+            if shape.task == entry.task and (shape.options, shape.named) == _shape_options(entry):
                 return body
         shape = self._shape_for(entry)
         if shape is None:
@@ -559,9 +584,9 @@ class BatchSender:
         return body
 
     def _shape_for(self, entry: Any) -> _Shape | None:
-        options = entry.options or {}
+        options = _shape_options(entry)
         for shape in self.shapes.get(entry.task, ()):
-            if shape.options == options:
+            if (shape.options, shape.named) == options:
                 return shape if self._shareable(entry) else None
         return None
 
@@ -668,9 +693,11 @@ class BatchSender:
                 kept_properties = {name: value for name, value in before[1].items() if name not in known}
                 kept_properties["delivery_mode"] = delivery_mode
                 embed = before[2][2] if static else {}
+        options, named = _shape_options(entry)
         shape = _Shape(
             task=entry.task,
-            options=dict(entry.options or {}),
+            options=dict(options),
+            named=named,
             headers=kept_headers,
             properties=kept_properties,
             embed=embed,
@@ -701,7 +728,7 @@ class BatchSender:
         :meth:`_shape_for` finds it), else ``shape``, the oldest of the task's dropped past SHAPES_PER_TASK."""
         kept = self.shapes.setdefault(shape.task, [])
         for known in kept:
-            if known.options == shape.options:
+            if known.options == shape.options and known.named == shape.named:
                 return known
         kept.append(shape)
         if len(kept) > SHAPES_PER_TASK:
@@ -826,6 +853,8 @@ class BatchSender:
     def _patched(body: _Body, task_id: str, extra: dict) -> tuple[dict, dict]:
         shape = body.shape
         headers = shape.headers.copy()
+        for key in shape.named:
+            headers[key] = extra[_ENTRY_HEADER]  # the entry's own name, where the shape's entry had its own
         headers["id"] = task_id
         if shape.own_root:
             headers["root_id"] = task_id

@@ -19,7 +19,11 @@ that reading, by Celery's own arithmetic:
 
 An entry with a clock of its own (a ``nowfun``, an entry, schedule or app
 class that overrides ``now``), and every other schedule (crontab, solar,
-custom), is asked the way Celery asks it. Used from beat's thread only.
+custom), is asked the way Celery asks it. A host may name clocks it knows
+read the real time (``real_clocks``: the code of a ``nowfun``, such as
+django-celery-beat's interval schedules'): for an entry on one, ``_when``
+is answered from the reading too (only the instant counts there, not the
+zone it is told in). Used from beat's thread only.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class PassClock:
         self._plain: dict[tuple[type, type], bool] = {}
         #: Each schedule's answer of _app this pass (Celery's reserve() hands the schedule on), by id, kept alive.
         self._apps: dict[int, tuple[Any, Any, type]] = {}
+        #: Code objects of ``nowfun`` clocks known to read the real time (in some zone): see the module docstring.
+        self.real_clocks: set[Any] = set()
 
     @property
     def running(self) -> bool:
@@ -78,7 +84,7 @@ class PassClock:
         if self._utc is None:
             return None
         app = self._app(entry)
-        return None if app is None else self._in_zone(app)
+        return None if app is None or app is _REAL_CLOCK else self._in_zone(app)
 
     def when(self, entry: beat.ScheduleEntry, adjusted: float) -> float | None:
         """Celery's ``_when(entry, delay)`` from the reading (``adjusted``: beat's adjust(delay)); None: ask Celery."""
@@ -94,7 +100,7 @@ class PassClock:
         if type(schedule) is not schedules.schedule or schedule.relative or type(entry).is_due is not _IS_DUE:
             return None
         app = self._app(entry)
-        if app is None:
+        if app is None or app is _REAL_CLOCK:
             return None
         # celery.schedules.schedule.is_due, its non-relative branch.
         last_run_at = interval_aware(schedule, entry.last_run_at)
@@ -134,14 +140,21 @@ class PassClock:
             plain = self._plain[kinds] = (
                 kinds[0].default_now is _DEFAULT_NOW and getattr(kinds[1], "now", None) is _SCHEDULE_NOW
             )
-        if not plain or getattr(schedule, "nowfun", None) is not None:
+        if not plain:
             return None
+        nowfun = getattr(schedule, "nowfun", None)
+        if nowfun is not None:
+            # A clock of its own: the pass's reading gives its instant (``when``), not its zone.
+            code = getattr(nowfun, "__code__", None)
+            return _REAL_CLOCK if code is not None and code in self.real_clocks else None
         app = schedule.app
         if type(app).now is not _APP_NOW or "now" in vars(app):
             return None
         return app
 
 
+#: What _app answers for an entry on one of ``real_clocks``: the reading's instant is its clock's, its zone unknown.
+_REAL_CLOCK = object()
 #: Celery 5.5 and later count an interval's time left in real time (UTC); older ones on the wall clock.
 _REAL_TIME_REMAINING = tuple(celery.VERSION[:2]) >= (5, 5)
 _IS_DUE = beat.ScheduleEntry.is_due
