@@ -634,3 +634,44 @@ def test_a_changed_entry_goes_out_with_its_new_arguments_while_a_receiver_is_con
     assert all(phase == phases[0] for phase in phases[:changed]), phases
     assert all(phase == phases[-1] for phase in phases[changed:]), phases
     assert seen[-1] == ("two", ["b", 2.5], "['b', 2.5]"), seen
+
+
+def test_entries_whose_header_options_differ_only_in_type_each_go_out_with_their_own_value(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Shapes are shared by equality of the entries' options, and ``True == 1 == 1.0``: an entry whose header
+    option is ``1`` must not go out with another entry's ``True`` (Celery writes each entry's own value)."""
+    entries = {
+        "typed-bool": every(1, "b", options={"headers": {"x-flag": True}}),
+        "typed-int": every(1, "i", options={"headers": {"x-flag": 1}}),
+        "typed-float": every(1, "f", options={"headers": {"x-flag": 1.0}}),
+    }
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 2 for n in entries), timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    sent = {(m["headers"]["zkbeat-entry"], repr(m["headers"]["x-flag"])) for m in queued_messages(redis_server.port)}
+    assert sent == {("typed-bool", "True"), ("typed-int", "1"), ("typed-float", "1.0")}, sorted(sent)
+
+
+def test_a_receiver_that_changes_an_argument_to_an_equal_value_of_another_type_has_it_in_every_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """A receiver that makes a keyword argument a float (``1`` to ``1.0``, equal to it) changes the message Celery
+    sends (JSON ``1.0``, not ``1``); a change told by ``==`` misses it, and the entry's first bytes go out."""
+    from celery.signals import before_task_publish
+
+    def as_float(body: Any = None, headers: dict | None = None, **_: Any) -> None:
+        if headers is not None and headers.get("zkbeat-entry") == "ratio" and isinstance(body, tuple):
+            body[1]["ratio"] = float(body[1]["ratio"])
+
+    before_task_publish.connect(as_float, weak=False)
+    try:
+        scheduler = make_scheduler({"ratio": every(1, kwargs={"ratio": 1})}, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("ratio") >= 3, timeout=60)
+    finally:
+        before_task_publish.disconnect(as_float)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    got = [repr(json.loads(base64.b64decode(m["body"]))[1]["ratio"]) for m in queued_messages(redis_server.port)]
+    assert got and all(item == "1.0" for item in got), got
