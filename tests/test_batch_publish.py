@@ -675,3 +675,25 @@ def test_a_receiver_that_changes_an_argument_to_an_equal_value_of_another_type_h
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     got = [repr(json.loads(base64.b64decode(m["body"]))[1]["ratio"]) for m in queued_messages(redis_server.port)]
     assert got and all(item == "1.0" for item in got), got
+
+
+def test_telling_a_plain_tree_looks_at_a_shared_container_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arguments may share one container many times (pickle and ``copy.deepcopy`` copy it once): telling whether
+    they are plain must not walk every path to it, or a small body that pickles in microseconds (4 ** 12 paths
+    here; 10 ** 14 hangs the leader) stops the pass before anything is published."""
+    shared: Any = [1]
+    for _ in range(12):
+        shared = [shared] * 4
+    body = ([shared], {}, {"callbacks": None})
+    real = batch_publish._plain_tree
+    looked = 0
+
+    def counting(value: Any, depth: int = 0) -> bool:
+        nonlocal looked
+        looked += 1
+        if looked > 10_000:
+            raise AssertionError("_plain_tree walked every path to a shared container")
+        return real(value, depth)
+
+    monkeypatch.setattr(batch_publish, "_plain_tree", counting)
+    assert counting(body) is True
