@@ -519,17 +519,20 @@ def test_a_receivers_copy_of_plain_headers_and_body_is_a_deep_copy_as_copy_deepc
     assert batch_publish._plain_tree((headers, properties))
     fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=True)
     expected = copy.deepcopy((headers, properties))
-    assert (fresh_headers, fresh_properties) == expected and sent == expected
+    assert (fresh_headers, fresh_properties) == expected
+    assert batch_publish._unchanged(sent, (fresh_headers, fresh_properties))
     assert fresh_headers is not headers and fresh_properties is not properties
     assert fresh_headers["stamps"] is not stamps and fresh_headers["stamps"]["seq"] is not stamps["seq"]
     assert fresh_headers["stamps"] is fresh_headers["again"], "a container met twice must be copied once"
     fresh_headers["stamps"]["seq"].append(3)
-    assert stamps == {"seq": [1, 2]} and sent == expected, "the receivers' copy shares a container with the shape's"
+    assert stamps == {"seq": [1, 2]}, "the receivers' copy shares a container with the shape's"
+    assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), "a change inside a copy is unseen"
 
     body = (["a", 1], {"k": [1]}, {"callbacks": None})
     assert batch_publish._plain_tree(body)
-    fresh = batch_publish._fresh_body(body, plain=True)
+    fresh, told = batch_publish._fresh_body(body, plain=True)
     assert fresh == body and fresh[1] is not body[1] and fresh[1]["k"] is not body[1]["k"]
+    assert batch_publish._unchanged(told, fresh)
 
     class Thing:
         pass
@@ -688,12 +691,80 @@ def test_telling_a_plain_tree_looks_at_a_shared_container_once(monkeypatch: pyte
     real = batch_publish._plain_tree
     looked = 0
 
-    def counting(value: Any, depth: int = 0) -> bool:
+    def counting(value: Any, *rest: Any) -> bool:
         nonlocal looked
         looked += 1
         if looked > 10_000:
             raise AssertionError("_plain_tree walked every path to a shared container")
-        return real(value, depth)
+        return real(value, *rest)
 
     monkeypatch.setattr(batch_publish, "_plain_tree", counting)
     assert counting(body) is True
+
+
+def test_a_receivers_change_to_an_equal_value_of_another_type_is_told_on_both_copy_paths() -> None:
+    """``0`` to ``False``, ``0.0`` to ``-0.0``, ``1`` to ``1.0`` in a header or the body: equal by ``==``, not the
+    same message; told on the pickled (plain) path and on ``copy.deepcopy``'s (an object among the headers)."""
+
+    class Thing:
+        def __eq__(self, other: object) -> bool:
+            return type(other) is Thing
+
+        __hash__ = object.__hash__
+
+    changes = [("retries", 0, False), ("x-ratio", 0.0, -0.0), ("x-count", 1, 1.0), ("x-flag", True, 1)]
+    for plain in (True, False):
+        for name, was, now in changes:
+            headers = {"id": "x", "timelimit": [None, None], name: was}
+            if not plain:
+                headers["x-thing"] = Thing()
+            properties = {"correlation_id": "x"}
+            assert batch_publish._plain_tree((headers, properties)) is plain
+            fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=plain)
+            assert batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name)
+            fresh_headers[name] = now
+            assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name, was, now)
+            fresh_headers[name] = was
+            fresh_headers["timelimit"][0] = now
+            assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name, was, now)
+
+            body = ([was], {"k": was}, {"callbacks": None})
+            if not plain:
+                body[2]["thing"] = Thing()
+            assert batch_publish._plain_tree(body) is plain
+            fresh, told = batch_publish._fresh_body(body, plain=plain)
+            assert batch_publish._unchanged(told, fresh), (plain, name)
+            fresh[1]["k"] = now
+            assert not batch_publish._unchanged(told, fresh), (plain, name, was, now)
+
+
+def test_options_are_the_same_only_with_the_same_types_at_every_level() -> None:
+    """Shapes are shared by entries whose options are the same value for value and type for type."""
+    same = batch_publish._identical
+    assert same({"headers": {"x-flag": True}, "queue": "q"}, {"headers": {"x-flag": True}, "queue": "q"})
+    assert same({}, {}) and same({"n": float("nan")}, {"n": float("nan")}) and same({"s": {1, 2}}, {"s": {2, 1}})
+    for a, b in [
+        ({"headers": {"x-flag": True}}, {"headers": {"x-flag": 1}}),
+        ({"headers": {"x-flag": 1}}, {"headers": {"x-flag": 1.0}}),
+        ({"priority": 0}, {"priority": False}),
+        ({"x": [0.0]}, {"x": [-0.0]}),
+        ({1: "a"}, {1.0: "a"}),
+        ({"s": {1}}, {"s": {True}}),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),  # written in another order
+    ]:
+        assert a == b and not same(a, b) and not same(b, a), (a, b)
+    cycle: list = [1]
+    cycle.append(cycle)
+    other: list = [1]
+    other.append(other)
+    assert same({"c": cycle}, {"c": other})
+    shared: Any = [1]
+    for _ in range(40):
+        shared = [shared, shared]  # 2 ** 40 paths: compared once per container
+    assert same(shared, copy_of(shared))
+
+
+def copy_of(value: Any) -> Any:
+    import pickle
+
+    return pickle.loads(pickle.dumps(value))
