@@ -768,3 +768,36 @@ def copy_of(value: Any) -> Any:
     import pickle
 
     return pickle.loads(pickle.dumps(value))
+
+
+def test_an_after_task_publish_receivers_change_to_a_message_is_in_no_later_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery hands ``after_task_publish`` each message's own body and headers: a receiver that writes into them
+    (the embed's ``chain``, the ``timelimit`` list) changes nothing that is sent later, for this entry or another
+    entry of the same shape."""
+    from celery.signals import after_task_publish
+
+    def scribble(body: Any = None, headers: dict | None = None, **_: Any) -> None:
+        if isinstance(body, tuple) and len(body) == 3 and isinstance(body[2], dict):
+            body[2]["chain"] = [{"task": "leaked"}]
+            body[1]["leaked"] = True
+        if headers is not None and isinstance(headers.get("timelimit"), list):
+            headers["timelimit"][0] = 99
+
+    after_task_publish.connect(scribble, weak=False)
+    try:
+        scheduler = make_scheduler({"first": every(1, 1)}, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("first") >= 2, timeout=60)
+        scheduler.update_from_dict({"later": every(1, 2)})
+        wait_for(lambda: scheduler.tick() is not None and published.count("later") >= 2, timeout=60)
+    finally:
+        after_task_publish.disconnect(scribble)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    messages = queued_messages(redis_server.port)
+    bodies = [(m["headers"]["zkbeat-entry"], json.loads(base64.b64decode(m["body"]))) for m in messages]
+    leaked = [(name, body) for name, body in bodies if body[2].get("chain") or "leaked" in body[1]]
+    assert not leaked, leaked
+    limits = [(m["headers"]["zkbeat-entry"], m["headers"]["timelimit"]) for m in messages]
+    assert all(limit == [None, None] for _, limit in limits), limits

@@ -756,6 +756,13 @@ class BatchSender:
                 kept_properties = {name: value for name, value in before[1].items() if name not in known}
                 kept_properties["delivery_mode"] = delivery_mode
                 embed = before[2][2] if static else {}
+        elif static and signals.after_task_publish.receivers:
+            # Celery's headers and embed go to the after_task_publish receivers: what they write into them must not
+            # reach the entries that take this shape.
+            try:
+                kept_headers, embed = copy.deepcopy((kept_headers, embed))
+            except Exception:  # noqa: BLE001 - not copied: this entry's later messages are built by Celery too
+                static = False
         shape = _Shape(
             task=entry.task,
             options=dict(entry.options or {}),
@@ -846,6 +853,11 @@ class BatchSender:
                 before_unchanged = False
                 data = dumps(sending, serializer=shape.serializer)[2]  # as kombu serialises Celery's body
             usable = usable and before_unchanged
+        elif after:
+            # Celery hands the receivers the message's own body and headers: never the shape's (shared by the
+            # entries that take it) nor the entry's kept body.
+            assert headers is not None and properties is not None
+            headers, properties, _, sending, _ = self._fresh_message(body, headers, properties, extra)
         if usable:
             assert template is not None
             pending = _Pending(template.commands(task_id, slot, _delivery_tag()))
