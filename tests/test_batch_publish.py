@@ -519,17 +519,20 @@ def test_a_receivers_copy_of_plain_headers_and_body_is_a_deep_copy_as_copy_deepc
     assert batch_publish._plain_tree((headers, properties))
     fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=True)
     expected = copy.deepcopy((headers, properties))
-    assert (fresh_headers, fresh_properties) == expected and sent == expected
+    assert (fresh_headers, fresh_properties) == expected
+    assert batch_publish._unchanged(sent, (fresh_headers, fresh_properties))
     assert fresh_headers is not headers and fresh_properties is not properties
     assert fresh_headers["stamps"] is not stamps and fresh_headers["stamps"]["seq"] is not stamps["seq"]
     assert fresh_headers["stamps"] is fresh_headers["again"], "a container met twice must be copied once"
     fresh_headers["stamps"]["seq"].append(3)
-    assert stamps == {"seq": [1, 2]} and sent == expected, "the receivers' copy shares a container with the shape's"
+    assert stamps == {"seq": [1, 2]}, "the receivers' copy shares a container with the shape's"
+    assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), "a change inside a copy is unseen"
 
     body = (["a", 1], {"k": [1]}, {"callbacks": None})
     assert batch_publish._plain_tree(body)
-    fresh = batch_publish._fresh_body(body, plain=True)
+    fresh, told = batch_publish._fresh_body(body, plain=True)
     assert fresh == body and fresh[1] is not body[1] and fresh[1]["k"] is not body[1]["k"]
+    assert batch_publish._unchanged(told, fresh)
 
     class Thing:
         pass
@@ -634,3 +637,167 @@ def test_a_changed_entry_goes_out_with_its_new_arguments_while_a_receiver_is_con
     assert all(phase == phases[0] for phase in phases[:changed]), phases
     assert all(phase == phases[-1] for phase in phases[changed:]), phases
     assert seen[-1] == ("two", ["b", 2.5], "['b', 2.5]"), seen
+
+
+def test_entries_whose_header_options_differ_only_in_type_each_go_out_with_their_own_value(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Shapes are shared by equality of the entries' options, and ``True == 1 == 1.0``: an entry whose header
+    option is ``1`` must not go out with another entry's ``True`` (Celery writes each entry's own value)."""
+    entries = {
+        "typed-bool": every(1, "b", options={"headers": {"x-flag": True}}),
+        "typed-int": every(1, "i", options={"headers": {"x-flag": 1}}),
+        "typed-float": every(1, "f", options={"headers": {"x-flag": 1.0}}),
+    }
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 2 for n in entries), timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    sent = {(m["headers"]["zkbeat-entry"], repr(m["headers"]["x-flag"])) for m in queued_messages(redis_server.port)}
+    assert sent == {("typed-bool", "True"), ("typed-int", "1"), ("typed-float", "1.0")}, sorted(sent)
+
+
+def test_a_receiver_that_changes_an_argument_to_an_equal_value_of_another_type_has_it_in_every_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """A receiver that makes a keyword argument a float (``1`` to ``1.0``, equal to it) changes the message Celery
+    sends (JSON ``1.0``, not ``1``); a change told by ``==`` misses it, and the entry's first bytes go out."""
+    from celery.signals import before_task_publish
+
+    def as_float(body: Any = None, headers: dict | None = None, **_: Any) -> None:
+        if headers is not None and headers.get("zkbeat-entry") == "ratio" and isinstance(body, tuple):
+            body[1]["ratio"] = float(body[1]["ratio"])
+
+    before_task_publish.connect(as_float, weak=False)
+    try:
+        scheduler = make_scheduler({"ratio": every(1, kwargs={"ratio": 1})}, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("ratio") >= 3, timeout=60)
+    finally:
+        before_task_publish.disconnect(as_float)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    got = [repr(json.loads(base64.b64decode(m["body"]))[1]["ratio"]) for m in queued_messages(redis_server.port)]
+    assert got and all(item == "1.0" for item in got), got
+
+
+def test_telling_a_plain_tree_looks_at_a_shared_container_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arguments may share one container many times (pickle and ``copy.deepcopy`` copy it once): telling whether
+    they are plain must not walk every path to it, or a small body that pickles in microseconds (4 ** 12 paths
+    here; 10 ** 14 hangs the leader) stops the pass before anything is published."""
+    shared: Any = [1]
+    for _ in range(12):
+        shared = [shared] * 4
+    body = ([shared], {}, {"callbacks": None})
+    real = batch_publish._plain_tree
+    looked = 0
+
+    def counting(value: Any, *rest: Any) -> bool:
+        nonlocal looked
+        looked += 1
+        if looked > 10_000:
+            raise AssertionError("_plain_tree walked every path to a shared container")
+        return real(value, *rest)
+
+    monkeypatch.setattr(batch_publish, "_plain_tree", counting)
+    assert counting(body) is True
+
+
+def test_a_receivers_change_to_an_equal_value_of_another_type_is_told_on_both_copy_paths() -> None:
+    """``0`` to ``False``, ``0.0`` to ``-0.0``, ``1`` to ``1.0`` in a header or the body: equal by ``==``, not the
+    same message; told on the pickled (plain) path and on ``copy.deepcopy``'s (an object among the headers)."""
+
+    class Thing:
+        def __eq__(self, other: object) -> bool:
+            return type(other) is Thing
+
+        __hash__ = object.__hash__
+
+    changes = [("retries", 0, False), ("x-ratio", 0.0, -0.0), ("x-count", 1, 1.0), ("x-flag", True, 1)]
+    for plain in (True, False):
+        for name, was, now in changes:
+            headers = {"id": "x", "timelimit": [None, None], name: was}
+            if not plain:
+                headers["x-thing"] = Thing()
+            properties = {"correlation_id": "x"}
+            assert batch_publish._plain_tree((headers, properties)) is plain
+            fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=plain)
+            assert batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name)
+            fresh_headers[name] = now
+            assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name, was, now)
+            fresh_headers[name] = was
+            fresh_headers["timelimit"][0] = now
+            assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name, was, now)
+
+            body = ([was], {"k": was}, {"callbacks": None})
+            if not plain:
+                body[2]["thing"] = Thing()
+            assert batch_publish._plain_tree(body) is plain
+            fresh, told = batch_publish._fresh_body(body, plain=plain)
+            assert batch_publish._unchanged(told, fresh), (plain, name)
+            fresh[1]["k"] = now
+            assert not batch_publish._unchanged(told, fresh), (plain, name, was, now)
+
+
+def test_options_are_the_same_only_with_the_same_types_at_every_level() -> None:
+    """Shapes are shared by entries whose options are the same value for value and type for type."""
+    same = batch_publish._identical
+    assert same({"headers": {"x-flag": True}, "queue": "q"}, {"headers": {"x-flag": True}, "queue": "q"})
+    assert same({}, {}) and same({"n": float("nan")}, {"n": float("nan")}) and same({"s": {1, 2}}, {"s": {2, 1}})
+    for a, b in [
+        ({"headers": {"x-flag": True}}, {"headers": {"x-flag": 1}}),
+        ({"headers": {"x-flag": 1}}, {"headers": {"x-flag": 1.0}}),
+        ({"priority": 0}, {"priority": False}),
+        ({"x": [0.0]}, {"x": [-0.0]}),
+        ({1: "a"}, {1.0: "a"}),
+        ({"s": {1}}, {"s": {True}}),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),  # written in another order
+    ]:
+        assert a == b and not same(a, b) and not same(b, a), (a, b)
+    cycle: list = [1]
+    cycle.append(cycle)
+    other: list = [1]
+    other.append(other)
+    assert same({"c": cycle}, {"c": other})
+    shared: Any = [1]
+    for _ in range(40):
+        shared = [shared, shared]  # 2 ** 40 paths: compared once per container
+    assert same(shared, copy_of(shared))
+
+
+def copy_of(value: Any) -> Any:
+    import pickle
+
+    return pickle.loads(pickle.dumps(value))
+
+
+def test_an_after_task_publish_receivers_change_to_a_message_is_in_no_later_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery hands ``after_task_publish`` each message's own body and headers: a receiver that writes into them
+    (the embed's ``chain``, the ``timelimit`` list) changes nothing that is sent later, for this entry or another
+    entry of the same shape."""
+    from celery.signals import after_task_publish
+
+    def scribble(body: Any = None, headers: dict | None = None, **_: Any) -> None:
+        if isinstance(body, tuple) and len(body) == 3 and isinstance(body[2], dict):
+            body[2]["chain"] = [{"task": "leaked"}]
+            body[1]["leaked"] = True
+        if headers is not None and isinstance(headers.get("timelimit"), list):
+            headers["timelimit"][0] = 99
+
+    after_task_publish.connect(scribble, weak=False)
+    try:
+        scheduler = make_scheduler({"first": every(1, 1)}, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("first") >= 2, timeout=60)
+        scheduler.update_from_dict({"later": every(1, 2)})
+        wait_for(lambda: scheduler.tick() is not None and published.count("later") >= 2, timeout=60)
+    finally:
+        after_task_publish.disconnect(scribble)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    messages = queued_messages(redis_server.port)
+    bodies = [(m["headers"]["zkbeat-entry"], json.loads(base64.b64decode(m["body"]))) for m in messages]
+    leaked = [(name, body) for name, body in bodies if body[2].get("chain") or "leaked" in body[1]]
+    assert not leaked, leaked
+    limits = [(m["headers"]["zkbeat-entry"], m["headers"]["timelimit"]) for m in messages]
+    assert all(limit == [None, None] for _, limit in limits), limits

@@ -122,7 +122,8 @@ class _Shape:
     """What Celery built for a message of one task with one set of options, minus the per-tick fields."""
 
     task: str
-    #: The entry's own options as they were, less its named headers (shapes are shared by equality).
+    #: The entry's own options as they were, its named headers marked (shapes are shared by equality, type for
+    #: type and in order: :func:`_identical`).
     options: dict
     #: Headers (of the entry's ``headers`` option) that hold the entry's own name (:func:`_shape_options`).
     named: tuple[str, ...]
@@ -144,6 +145,8 @@ class _Shape:
     template_tries: int = 0
     #: The headers and properties hold plain values only (:func:`_plain_tree`), once looked at.
     plain: bool | None = None
+    #: :attr:`embed` holds plain values only, once looked at (every entry's body holds it).
+    embed_plain: bool | None = None
 
 
 @dataclass
@@ -351,41 +354,111 @@ _PLAIN_ATOMS = frozenset((str, int, bool, type(None), bytes))
 _PLAIN_DEPTH = 16
 
 
-def _plain_tree(value: Any, depth: int = 0) -> bool:
+def _plain_tree(value: Any, depth: int = 0, seen: set[int] | None = None) -> bool:
     """Whether ``value`` is dicts, lists and tuples of strings, numbers, booleans and None only.
 
     A pickle round trip copies such a value as ``copy.deepcopy`` does (new
     containers, a container met twice copied once) at a third of the cost.
     A NaN is not plain: a deep copy keeps the very float, equal to itself
-    inside a container, where a pickled one is unequal.
+    inside a container, where a pickled one is unequal. A container met
+    again (``seen``: shared, or a cycle) is looked at once, as pickle and
+    ``copy.deepcopy`` copy it once: walking every path to it is exponential
+    in the nesting of shared containers.
     """
     kind = type(value)
     if kind in _PLAIN_ATOMS:
         return True
     if kind is float:
         return value == value
+    if kind is not dict and kind is not list and kind is not tuple:
+        return False
     if depth >= _PLAIN_DEPTH:
         return False
+    if seen is None:
+        seen = set()
+    elif id(value) in seen:
+        return True  # its verdict is part of the answer already (a False one ends the walk)
+    seen.add(id(value))
     if kind is dict:
-        return all(_plain_tree(k, depth + 1) and _plain_tree(v, depth + 1) for k, v in value.items())
-    if kind is list or kind is tuple:
-        return all(_plain_tree(item, depth + 1) for item in value)
-    return False
+        return all(_plain_tree(k, depth + 1, seen) and _plain_tree(v, depth + 1, seen) for k, v in value.items())
+    return all(_plain_tree(item, depth + 1, seen) for item in value)
 
 
-def _fresh(headers: dict, properties: dict, plain: bool = False) -> tuple[dict, dict, tuple[dict, dict]]:
-    """Deep copies of a message's headers and properties for the receivers, and a pair to tell a change by.
+#: Deepest nesting :func:`_identical` compares (deeper: taken as different).
+_IDENTICAL_DEPTH = 64
+
+
+#: Types whose ``==`` tells values of the same type apart exactly (floats: ``-0.0 == 0.0``).
+_EXACT_ATOMS = frozenset((str, int, bool, type(None), bytes))
+
+
+def _identical(a: Any, b: Any, seen: dict[int, Any] | None = None, depth: int = 0) -> bool:
+    """Whether ``a`` and ``b`` are equal with the same type at every level (``True``, ``1`` and ``1.0`` differ).
+
+    What Celery writes for a value depends on its type (JSON ``true``, ``1``,
+    ``1.0``), where ``==`` does not tell them apart; floats are compared by
+    ``repr`` too (``-0.0`` is not ``0.0``), dicts in their order (the order
+    they are written in). A container met again (shared, or a cycle) is
+    compared once (``seen``: with what it was paired first). Values of other
+    types are compared by their own ``==``.
+    """
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind in _EXACT_ATOMS:
+        return bool(a == b)
+    if kind is float:
+        return repr(a) == repr(b)
+    if kind is dict or kind is list or kind is tuple:
+        if len(a) != len(b) or depth >= _IDENTICAL_DEPTH:
+            return False
+        if not a:
+            return True
+        if seen is None:
+            seen = {}
+        else:
+            paired = seen.get(id(a))
+            if paired is not None:
+                return paired is b
+        seen[id(a)] = b
+        pairs = zip(a.items(), b.items()) if kind is dict else (((x, None), (y, None)) for x, y in zip(a, b))
+        for (x, u), (y, v) in pairs:
+            # The common case inline (a string, a number): a call for each value would cost more than ``==``.
+            if x is not y:
+                kind = type(x)
+                if kind is not type(y) or not (x == y if kind in _EXACT_ATOMS else _identical(x, y, seen, depth + 1)):
+                    return False
+            if u is not v:
+                kind = type(u)
+                if kind is not type(v) or not (u == v if kind in _EXACT_ATOMS else _identical(u, v, seen, depth + 1)):
+                    return False
+        return True
+    if kind is set or kind is frozenset:
+        # Each element against each: a failed pairing must not be remembered (a fresh ``seen`` for each).
+        return len(a) == len(b) and all(any(_identical(x, y, None, depth + 1) for y in b) for x in a)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - not comparable: taken as different
+        return False
+
+
+def _fresh(headers: dict, properties: dict, plain: bool = False) -> tuple[dict, dict, Any]:
+    """Deep copies of a message's headers and properties for the receivers, and what tells a change by
+    (:func:`_unchanged`).
 
     ``plain`` (both hold plain values only, :func:`_plain_tree`): one copy,
-    made by pickling, and the pair given is the two dicts themselves (the
-    receivers never see them). Values that cannot be copied (an object in
-    the entry's options): the dicts themselves are copied, and a change
-    inside such a value goes unseen.
+    made by pickling, told by its pickle (which writes every value with its
+    type). Values that cannot be copied (an object in the entry's options):
+    the dicts themselves are copied, and a change inside such a value goes
+    unseen.
     """
     if plain:
         try:
-            copied = pickle.loads(pickle.dumps((headers, properties), pickle.HIGHEST_PROTOCOL))
-            return copied[0], copied[1], (headers, properties)
+            pickled = pickle.dumps((headers, properties), pickle.HIGHEST_PROTOCOL)
+            copied = pickle.loads(pickled)
+            return copied[0], copied[1], pickled
         except Exception:  # noqa: BLE001 - changed since it was looked at: copied as any other
             pass
     try:
@@ -395,18 +468,34 @@ def _fresh(headers: dict, properties: dict, plain: bool = False) -> tuple[dict, 
         return headers, properties, (headers.copy(), properties.copy())
 
 
-def _fresh_body(body: tuple, plain: bool = False) -> tuple:
-    """A deep copy of a prepared body for the receivers (pickled if ``plain``); the body itself if it cannot be
-    copied."""
+def _unchanged(reference: Any, now: Any) -> bool:
+    """Whether ``now`` is what ``reference`` (from :func:`_fresh` or :func:`_fresh_body`) was, type for type.
+
+    A receiver that writes an equal value of another type (``1`` to ``1.0``,
+    ``0`` to ``False``, ``0.0`` to ``-0.0``) changes the message Celery
+    sends: ``==`` would not tell.
+    """
+    if type(reference) is bytes:
+        try:
+            return pickle.dumps(now, pickle.HIGHEST_PROTOCOL) == reference
+        except Exception:  # noqa: BLE001 - a receiver put in what pickle cannot write: changed
+            return False
+    return _identical(reference, now)
+
+
+def _fresh_body(body: tuple, plain: bool = False) -> tuple[tuple, Any]:
+    """A deep copy of a prepared body for the receivers (pickled if ``plain``), and what tells a change by
+    (:func:`_unchanged`); the body itself and None if it cannot be copied."""
     if plain:
         try:
-            return pickle.loads(pickle.dumps(body, pickle.HIGHEST_PROTOCOL))
+            pickled = pickle.dumps(body, pickle.HIGHEST_PROTOCOL)
+            return pickle.loads(pickled), pickled
         except Exception:  # noqa: BLE001 - changed since it was looked at: copied as any other
             pass
     try:
-        return copy.deepcopy(body)
+        return copy.deepcopy(body), body  # the receivers do not see it
     except Exception:  # noqa: BLE001 - never a reason to drop the tick
-        return body
+        return body, None
 
 
 def _delivery_tag() -> str:
@@ -419,8 +508,9 @@ def _shape_options(entry: Any) -> tuple[dict, tuple[str, ...]]:
 
     A header whose value is the entry's name (django-celery-beat names each
     row in ``periodic_task_name``) differs from entry to entry as the name
-    does: it is left out of the options shapes are shared by, and put into
-    each message with the name (:meth:`BatchSender._patched`).
+    does: in the options shapes are shared by it holds a marker in its own
+    place (the headers' order is the message's), and each message gets the
+    name there (:meth:`BatchSender._patched`).
     """
     options = entry.options or {}
     headers = options.get("headers")
@@ -430,7 +520,20 @@ def _shape_options(entry: Any) -> tuple[dict, tuple[str, ...]]:
     named = tuple(key for key, value in headers.items() if type(value) is str and value == name)
     if not named:
         return options, ()
-    return {**options, "headers": {key: value for key, value in headers.items() if key not in named}}, named
+    marked = {key: _OWN_NAME if key in named else value for key, value in headers.items()}
+    return {**options, "headers": marked}, named
+
+
+class _OwnName:
+    """The marker of a header that holds the entry's own name (:func:`_shape_options`); equal to itself only."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<the entry's own name>"
+
+
+_OWN_NAME = _OwnName()
 
 
 def _same(kept: Any, now: Any) -> bool:
@@ -573,7 +676,7 @@ class BatchSender:
         body = self.bodies.get(entry.name)
         if body is not None and _same(body.args, entry.args) and _same(body.kwargs, entry.kwargs):
             shape = body.shape
-            if shape.task == entry.task and (shape.options, shape.named) == _shape_options(entry):
+            if shape.task == entry.task and _identical((shape.options, shape.named), _shape_options(entry)):
                 return body
         shape = self._shape_for(entry)
         if shape is None:
@@ -586,7 +689,7 @@ class BatchSender:
     def _shape_for(self, entry: Any) -> _Shape | None:
         options = _shape_options(entry)
         for shape in self.shapes.get(entry.task, ()):
-            if (shape.options, shape.named) == options:
+            if _identical((shape.options, shape.named), options):
                 return shape if self._shareable(entry) else None
         return None
 
@@ -693,6 +796,13 @@ class BatchSender:
                 kept_properties = {name: value for name, value in before[1].items() if name not in known}
                 kept_properties["delivery_mode"] = delivery_mode
                 embed = before[2][2] if static else {}
+        elif static and signals.after_task_publish.receivers:
+            # Celery's headers and embed go to the after_task_publish receivers: what they write into them must not
+            # reach the entries that take this shape.
+            try:
+                kept_headers, embed = copy.deepcopy((kept_headers, embed))
+            except Exception:  # noqa: BLE001 - not copied: this entry's later messages are built by Celery too
+                static = False
         options, named = _shape_options(entry)
         shape = _Shape(
             task=entry.task,
@@ -728,7 +838,7 @@ class BatchSender:
         :meth:`_shape_for` finds it), else ``shape``, the oldest of the task's dropped past SHAPES_PER_TASK."""
         kept = self.shapes.setdefault(shape.task, [])
         for known in kept:
-            if known.options == shape.options and known.named == shape.named:
+            if _identical((known.options, known.named), (shape.options, shape.named)):
                 return known
         kept.append(shape)
         if len(kept) > SHAPES_PER_TASK:
@@ -768,14 +878,8 @@ class BatchSender:
             # Values of their own (Celery's ``stamps``, ``timelimit``, a dict in the entry's headers option) are
             # fresh in every message Celery builds: a receiver that writes into one changes this message only,
             # and that change is seen below, as a change of a header itself is.
-            if shape.plain is None:
-                shape.plain = _plain_tree((shape.headers, shape.properties))
-            if body.plain is None:
-                body.plain = _plain_tree(body.body)
-            plain = shape.plain and all(type(value) in _PLAIN_ATOMS for value in extra.values())
-            headers, properties, sent = _fresh(headers, properties, plain)
             # The body too is Celery's own for each message (a new list and dicts): a receiver may add to it.
-            sending = _fresh_body(body.body, body.plain)
+            headers, properties, sent, sending, told = self._fresh_message(body, headers, properties, extra)
             signals.before_task_publish.send(
                 sender=shape.task,
                 body=sending,
@@ -786,11 +890,16 @@ class BatchSender:
                 properties=properties,
                 retry_policy=shape.retry_policy,
             )
-            before_unchanged = sent == (headers, properties)
-            if sending is not body.body and sending != body.body:
+            before_unchanged = _unchanged(sent, (headers, properties))
+            if told is not None and not _unchanged(told, sending):
                 before_unchanged = False
                 data = dumps(sending, serializer=shape.serializer)[2]  # as kombu serialises Celery's body
             usable = usable and before_unchanged
+        elif after:
+            # Celery hands the receivers the message's own body and headers: never the shape's (shared by the
+            # entries that take it) nor the entry's kept body.
+            assert headers is not None and properties is not None
+            headers, properties, _, sending, _ = self._fresh_message(body, headers, properties, extra)
         if usable:
             assert template is not None
             pending = _Pending(template.commands(task_id, slot, _delivery_tag()))
@@ -815,6 +924,27 @@ class BatchSender:
                 "routing_key": shape.routing_key,
             }
         return pending
+
+    @staticmethod
+    def _fresh_message(body: _Body, headers: dict, properties: dict, extra: dict) -> tuple[dict, dict, Any, tuple, Any]:
+        """Fresh copies of a message's headers, properties and body for the signals' receivers, each with what tells
+        a change by (:func:`_fresh`, :func:`_fresh_body`)."""
+        shape = body.shape
+        if shape.plain is None:
+            shape.plain = _plain_tree((shape.headers, shape.properties))
+        if body.plain is None:
+            kept = body.body
+            if len(kept) == 3 and kept[2] is shape.embed:
+                # The embed is the shape's, in every entry's body: looked at once.
+                if shape.embed_plain is None:
+                    shape.embed_plain = _plain_tree(shape.embed, 1)
+                body.plain = shape.embed_plain and _plain_tree(kept[0], 1) and _plain_tree(kept[1], 1)
+            else:
+                body.plain = _plain_tree(kept)
+        plain = shape.plain and all(type(value) in _PLAIN_ATOMS for value in extra.values())
+        headers, properties, sent = _fresh(headers, properties, plain)
+        sending, told = _fresh_body(body.body, body.plain)
+        return headers, properties, sent, sending, told
 
     def _from_shape(self, entry: Any, body: _Body, extra: dict, channel: Any) -> _Template | None:
         """The entry's template made from its shape's (:class:`_ShapeTemplate`), once that one is checked."""
