@@ -1,0 +1,68 @@
+"""Within a pass, DatabaseScheduler.is_due answers an interval row as django-celery-beat's own is_due does.
+
+Django's clock is held still, so both read the same instant: rows every 1 s to a day, due a microsecond,
+half a second or hours either side of now, with the app, Django and DJANGO_CELERY_BEAT_TZ_AWARE in
+various zones and modes, across both DST changes of 2026 (New York, Paris).
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.support.djangosupport import interval_task
+
+pytestmark = pytest.mark.usefixtures("beat_db")
+
+
+@pytest.fixture
+def beat_scheduler() -> str:
+    return "zkbeat.DatabaseScheduler"
+
+
+@pytest.mark.parametrize("app_tz", ["UTC", "America/New_York", "Asia/Kolkata"])
+@pytest.mark.parametrize("dj_tz", ["UTC", "Europe/Paris"])
+@pytest.mark.parametrize("frozen_at", ["2026-12-02T08:00:00", "2026-11-01T05:30:00", "2026-03-29T01:00:00.5"])
+@pytest.mark.parametrize("aware", [True, False])
+def test_a_pass_answers_an_interval_rows_is_due_as_django_celery_beat_does(
+    make_scheduler, monkeypatch, app_tz, dj_tz, frozen_at, aware
+):
+    from django.test import override_settings
+    from django_celery_beat.models import PeriodicTask
+
+    from zkbeat.contrib.django import ModelEntry
+
+    frozen = datetime.fromisoformat(frozen_at).replace(tzinfo=timezone.utc)
+    with override_settings(TIME_ZONE=dj_tz, DJANGO_CELERY_BEAT_TZ_AWARE=aware):
+        from django.utils import timezone as djtz
+
+        monkeypatch.setattr(djtz, "now", lambda: frozen)
+        names = []
+        for n, (every, off) in enumerate(
+            itertools.product([1, 60, 3600, 86400], [-1, -0.000001, 0, 0.000001, 0.5, 1, 7200])
+        ):
+            name = f"r{n}"
+            interval_task(name, every, last_run_at=frozen - timedelta(seconds=every + off))
+            names.append(name)
+        scheduler = make_scheduler(timezone=app_tz)
+        bad = []
+        from zkbeat.contrib import _heap
+
+        hits = []
+        orig = _heap.Placer.due_in
+        monkeypatch.setattr(_heap.Placer, "due_in", lambda self, e: hits.append(orig(self, e)) or hits[-1])
+        for name in names:
+            model = PeriodicTask.objects.get(name=name)
+            entry = ModelEntry(model, app=scheduler.app)
+            scheduler.pass_clock.start()
+            try:
+                ours = tuple(scheduler.is_due(entry))
+            finally:
+                scheduler.pass_clock.stop()
+            theirs = tuple(entry.is_due())
+            if ours != theirs:
+                bad.append((name, model.interval.every, str(model.last_run_at), ours, theirs))
+        assert not bad, bad
+        assert any(h is not None for h in hits), hits
