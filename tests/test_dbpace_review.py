@@ -101,3 +101,26 @@ def test_rows_whose_headers_differ_only_in_order_each_go_out_in_their_own_order(
         if got != want:
             wrong.append((name, got))
     assert not wrong, f"rows sent with another row's header order: {sorted(wrong)}"
+
+
+def test_a_row_whose_header_changes_from_1_to_true_goes_out_with_true(
+    make_scheduler, own_redis: RedisServer, published: Published
+) -> None:
+    """A row without arguments keeps its prepared message while its options compare equal: ``1 == True``."""
+    from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+    interval_task("flagged", 1, headers='{"flag": 1}')
+    scheduler = make_scheduler(broker_url=own_redis.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("flagged") >= 2, timeout=60)
+    row = PeriodicTask.objects.get(name="flagged")
+    row.headers = '{"flag": true}'
+    row.save()
+    PeriodicTasks.update_changed()
+    changed = len(_raw_messages(own_redis.port))
+
+    def flags() -> list:
+        return [m["headers"]["flag"] for m in reversed(_raw_messages(own_redis.port))][changed:]
+
+    wait_for(lambda: scheduler.tick() is not None and len(flags()) >= 5, timeout=60)
+    assert flags()[-1] is True, f"the row's messages after its change: {flags()}"
