@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench import probes
 from bench.accounting import Ledger, account
-from bench.cluster import DJANGO_CELERY_BEAT, ZKBEAT_DATABASE, Flavour, Run
+from bench.cluster import DJANGO_CELERY_BEAT, ZKBEAT_DATABASE, Beat, Flavour, Run
 from bench.context import Bench, takeover_after
 from bench.schemadb import ScheduleDatabase
 from bench.stats import Row, Sample
@@ -97,6 +97,19 @@ def _read_line(run: Run) -> str:
     leader = run.leader()
     lines = leader.events("read of the schedule") if leader is not None else []
     return f" ({lines[0].message.split(': ', 1)[1]})" if lines else ""
+
+
+def _stopped(leader: Beat, t0: float, until: float) -> float:
+    """When the SIGTERMed leader's own log says it stopped leading (its last shard), before ``until``.
+
+    zkbeat.DatabaseScheduler writes the run times of every row run since
+    beat's last sync while it still leads, then ends its terms ("stopped
+    leading" per shard) and deletes its candidates: the successor's wait
+    up to here is the leader's shutdown, the rest is the successor's own
+    takeover. ``until`` where no such line came.
+    """
+    stops = [e.at for e in leader.events("zkbeat: stopped leading") if t0 < e.at <= until]
+    return max(stops) if stops else until
 
 
 def _since_up(run: Run, tally: Tally) -> float:
@@ -206,8 +219,13 @@ def _trial(bench: Bench, db: ScheduleDatabase, flavour: Flavour, count: int, out
             event, _ = takeover_after(run, leader.pid, t0, 120, 0.1)
             if event is not None:
                 out["handover"].values.append(event.at - t0)
+                stopped = _stopped(leader, t0, event.at)
+                out["handover_leaving"].values.append(stopped - t0)
+                out["handover_successor"].values.append(event.at - stopped)
                 bench.say(f"  {flavour.key} {count:,} rows: SIGTERM of the leader, successor leading after "
-                          f"{event.at - t0:.2f} s{_read_line(run)}")  # fmt: skip
+                          f"{event.at - t0:.2f} s: the leader stopped leading after {stopped - t0:.2f} s (its "
+                          f"final write of run times), the successor led {event.at - stopped:.2f} s later"
+                          f"{_read_line(run)}; {event.message.split('; ', 1)[-1]}")  # fmt: skip
     bench.drop(run.root)
 
 
@@ -244,6 +262,7 @@ def _rows(bench: Bench, db: ScheduleDatabase, count: int, flavours: tuple[Flavou
     rows: list[Row] = []
     keys = ("first", "together", "up", "all1", "round1", "rate1", "round2", "late", "cpu", "rss", "twice")
     keys += ("handover", "load", "load_end", "ticks_twice", "ticks_missed", "ticks_lost", "late_slot")
+    keys += ("handover_leaving", "handover_successor")
     samples = {}
     for key in keys:
         samples[key] = {}
@@ -326,6 +345,20 @@ def _rows(bench: Bench, db: ScheduleDatabase, count: int, flavours: tuple[Flavou
             "after the rounds: SIGTERM of the leader → successor leading (tables read, ledger loaded)",
             "s",
             samples["handover"],
+            digits=2,
+        ),
+        Row(
+            scenario,
+            "of which SIGTERM → the leader's \"stopped leading\" (it writes the rows' run times first)",
+            "s",
+            samples["handover_leaving"],
+            digits=2,
+        ),
+        Row(
+            scenario,
+            'of which the leader\'s "stopped leading" → successor leading (tables read, ledger loaded)',
+            "s",
+            samples["handover_successor"],
             digits=2,
         ),
         Row(
