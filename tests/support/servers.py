@@ -73,6 +73,19 @@ FOUR_LETTER_WHITELIST = "ruok,srvr,stat,mntr,cons,wchc,wchp,wchs,dump,conf"
 #: Where free_port() looks: below the kernel's ephemeral range, from this port up.
 _PICKED_FROM = 20000
 _pick = random.SystemRandom()  # not the random module's seed, which a plugin may make the same in every worker
+#: Ports free_port() has handed out in this process.
+_handed: set[int] = set()
+
+
+def _worker() -> tuple[int, int]:
+    """This pytest-xdist worker's index and the number of workers ((0, 1) outside xdist)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+        index = int(name[2:]) if name.startswith("gw") else 0
+    except ValueError:
+        return 0, 1
+    return (index, count) if 0 <= index < count else (0, 1)
 
 
 def _ephemeral_low() -> int:
@@ -93,14 +106,21 @@ def free_port() -> int:
     explicit bind, so it is picked there, at random, when the range allows.
     """
     low = _ephemeral_low()
-    for _ in range(50 if low - _PICKED_FROM >= 1000 else 0):
-        port = _pick.randrange(_PICKED_FROM, low)
+    # Each pytest-xdist worker picks from its own residues (no two workers hand out one port), and a process
+    # never hands out a port twice (a port picked is bound later, often after the next pick).
+    index, count = _worker()
+    slots = (low - _PICKED_FROM - index) // count
+    for _ in range(50 if slots >= 1000 // count else 0):
+        port = _PICKED_FROM + index + count * _pick.randrange(slots)
+        if port in _handed:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
