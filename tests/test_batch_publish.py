@@ -801,3 +801,24 @@ def test_an_after_task_publish_receivers_change_to_a_message_is_in_no_later_mess
     assert not leaked, leaked
     limits = [(m["headers"]["zkbeat-entry"], m["headers"]["timelimit"]) for m in messages]
     assert all(limit == [None, None] for _, limit in limits), limits
+
+
+def test_an_entrys_own_argsrepr_and_kwargsrepr_go_out_in_every_message_as_celery_writes_them(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery writes an ``argsrepr``/``kwargsrepr`` option (arguments kept out of logs) as given, and a header of
+    the entry's ``headers`` option over its own: every tick's message must carry them, not ``saferepr`` of the
+    arguments."""
+    entries = {
+        "repr-option": every(1, "secret-a", options={"argsrepr": "<hidden>", "kwargsrepr": "<none>"}),
+        "repr-header": every(1, "secret-b", options={"headers": {"argsrepr": "<masked>"}}),
+    }
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    sent = Counter(
+        (m["headers"]["zkbeat-entry"], m["headers"]["argsrepr"], m["headers"]["kwargsrepr"])
+        for m in queued_messages(redis_server.port)
+    )
+    assert set(sent) == {("repr-option", "<hidden>", "<none>"), ("repr-header", "<masked>", "{}")}, sent
