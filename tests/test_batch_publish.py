@@ -822,3 +822,17 @@ def test_an_entrys_own_argsrepr_and_kwargsrepr_go_out_in_every_message_as_celery
         for m in queued_messages(redis_server.port)
     )
     assert set(sent) == {("repr-option", "<hidden>", "<none>"), ("repr-header", "<masked>", "{}")}, sent
+
+
+def test_an_id_and_root_id_header_option_go_out_in_every_message_as_celery_writes_them(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery writes the entry's ``headers`` option over its own headers, ``id`` and ``root_id`` included: every
+    tick's message must carry the option's values, as Celery's does."""
+    entries = {"header-id": every(1, 1, options={"headers": {"id": "fixed-id", "root_id": "fixed-id"}})}
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("header-id") >= 3, timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    sent = Counter((m["headers"]["id"], m["headers"]["root_id"]) for m in queued_messages(redis_server.port))
+    assert set(sent) == {("fixed-id", "fixed-id")}, sent
