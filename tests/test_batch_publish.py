@@ -836,3 +836,20 @@ def test_an_id_and_root_id_header_option_go_out_in_every_message_as_celery_write
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     sent = Counter((m["headers"]["id"], m["headers"]["root_id"]) for m in queued_messages(redis_server.port))
     assert set(sent) == {("fixed-id", "fixed-id")}, sent
+
+
+def test_a_zkbeat_option_in_the_headers_that_holds_the_entrys_own_name_is_in_no_message(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """zkbeat's own options are taken out of the entry's ``headers`` option before Celery builds the message
+    (a django-celery-beat row sets them there): one whose value happens to be the entry's name (an entry named
+    ``once``) is in none of its messages either."""
+    entries = {"once": every(1, 1, options={"headers": {"zkbeat_catchup": "once", "x-team": "a"}})}
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("once") >= 3, timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    messages = queued_messages(redis_server.port)
+    assert len(messages) >= 3
+    carrying = [m["headers"]["id"] for m in messages if "zkbeat_catchup" in m["headers"]]
+    assert carrying == [], f"{len(carrying)} of {len(messages)} messages carry the zkbeat_catchup header"
