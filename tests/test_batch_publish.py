@@ -853,3 +853,59 @@ def test_a_zkbeat_option_in_the_headers_that_holds_the_entrys_own_name_is_in_no_
     assert len(messages) >= 3
     carrying = [m["headers"]["id"] for m in messages if "zkbeat_catchup" in m["headers"]]
     assert carrying == [], f"{len(carrying)} of {len(messages)} messages carry the zkbeat_catchup header"
+
+
+def test_a_before_task_publish_receiver_that_sets_the_priority_property_has_it_where_kombu_writes_it(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery publishes a message's properties as keyword arguments of kombu's ``publish``: a ``priority`` a
+    receiver sets there is kombu's priority argument, written after ``delivery_info`` as kombu writes it. Every
+    tick's message must be the one Celery sends: same properties, in the same order."""
+    from celery.signals import before_task_publish
+
+    entries = {"prioritised": every(1, 1)}
+
+    def prioritise(properties: dict | None = None, **_: Any) -> None:
+        if properties is not None:
+            properties["priority"] = 3
+
+    before_task_publish.connect(prioritise, weak=False)
+    try:
+        scheduler = make_scheduler(entries, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and published.count("prioritised") >= 3, timeout=60)
+    finally:
+        before_task_publish.disconnect(prioritise)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    messages = queued_messages(redis_server.port)
+    assert len(messages) >= 3
+    orders = Counter(tuple(m["properties"]) for m in messages)
+    assert len(orders) == 1, f"the properties of one entry's messages in {len(orders)} orders: {orders}"
+    assert {m["properties"]["priority"] for m in messages} == {3}
+
+
+def test_a_before_task_publish_receiver_gets_each_messages_own_declare_list(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """Celery hands the receivers a ``declare`` list of each message's own (``[queue]``): what a receiver adds
+    to it is in that message's declarations only, never in another message's (nor kept for the term's life)."""
+    from celery.signals import before_task_publish
+    from kombu import Queue
+
+    entries = {f"declaring-{n}": every(1, n) for n in range(3)}
+    lengths: list[int] = []
+
+    def declare_more(declare: list | None = None, **_: Any) -> None:
+        if declare is not None:
+            lengths.append(len(declare))
+            declare.append(Queue("zkbeat-extra"))
+
+    before_task_publish.connect(declare_more, weak=False)
+    try:
+        scheduler = make_scheduler(entries, broker_url=redis_server.url)
+        lead(scheduler)
+        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    finally:
+        before_task_publish.disconnect(declare_more)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    assert set(lengths) == {1}, f"receivers handed declare lists of lengths {Counter(lengths)}"
