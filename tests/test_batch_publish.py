@@ -909,3 +909,26 @@ def test_a_before_task_publish_receiver_gets_each_messages_own_declare_list(
         before_task_publish.disconnect(declare_more)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     assert set(lengths) == {1}, f"receivers handed declare lists of lengths {Counter(lengths)}"
+
+
+def test_entries_whose_link_options_differ_only_in_an_arguments_type_each_go_out_with_their_own_callback(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """A ``link`` option is a Signature, a dict of its own type that ``==`` compares as a dict (``True == 1``):
+    an entry whose callback's argument is ``1`` must not go out with another entry's ``True`` (Celery writes
+    each entry's own callback in its message's body)."""
+    from celery import signature
+
+    entries = {
+        "linked-bool": every(1, "b", options={"link": signature("zkbeat.tests.callback", args=(True,))}),
+        "linked-int": every(1, "i", options={"link": signature("zkbeat.tests.callback", args=(1,))}),
+    }
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    sent = Counter(
+        (m["headers"]["zkbeat-entry"], repr(json.loads(base64.b64decode(m["body"]))[2]["callbacks"][0]["args"]))
+        for m in queued_messages(redis_server.port)
+    )
+    assert set(sent) == {("linked-bool", "[True]"), ("linked-int", "[1]")}, sent
