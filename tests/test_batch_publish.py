@@ -932,3 +932,24 @@ def test_entries_whose_link_options_differ_only_in_an_arguments_type_each_go_out
         for m in queued_messages(redis_server.port)
     )
     assert set(sent) == {("linked-bool", "[True]"), ("linked-int", "[1]")}, sent
+
+
+def test_entries_whose_header_options_are_equal_decimals_written_differently_each_go_out_with_their_own(
+    make_scheduler, redis_server: RedisServer, published: Published
+) -> None:
+    """``Decimal("1.0") == Decimal("1.00")``, but kombu writes a Decimal as its text: each entry's message
+    carries its own header value, as Celery writes it."""
+    from decimal import Decimal
+
+    entries = {
+        "decimal-short": every(1, "s", options={"headers": {"x-price": Decimal("1.0")}}),
+        "decimal-long": every(1, "l", options={"headers": {"x-price": Decimal("1.00")}}),
+    }
+    scheduler = make_scheduler(entries, broker_url=redis_server.url)
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 2 for n in entries), timeout=60)
+    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
+    sent = Counter(
+        (m["headers"]["zkbeat-entry"], json.dumps(m["headers"]["x-price"])) for m in queued_messages(redis_server.port)
+    )
+    assert {entry for entry, price in sent if "1.00" in price} == {"decimal-long"}, sent
