@@ -721,7 +721,9 @@ def test_a_receivers_change_to_an_equal_value_of_another_type_is_told_on_both_co
             properties = {"correlation_id": "x"}
             assert batch_publish._plain_tree((headers, properties)) is plain
             fresh_headers, fresh_properties, sent = batch_publish._fresh(headers, properties, plain=plain)
-            assert batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name)
+            # A copied object is identical only to itself (its == may be looser than what is written for it):
+            # unchanged messages with one are taken as changed, and kombu builds them, as it would.
+            assert batch_publish._unchanged(sent, (fresh_headers, fresh_properties)) is plain, (plain, name)
             fresh_headers[name] = now
             assert not batch_publish._unchanged(sent, (fresh_headers, fresh_properties)), (plain, name, was, now)
             fresh_headers[name] = was
@@ -733,7 +735,7 @@ def test_a_receivers_change_to_an_equal_value_of_another_type_is_told_on_both_co
                 body[2]["thing"] = Thing()
             assert batch_publish._plain_tree(body) is plain
             fresh, told = batch_publish._fresh_body(body, plain=plain)
-            assert batch_publish._unchanged(told, fresh), (plain, name)
+            assert batch_publish._unchanged(told, fresh) is plain, (plain, name)
             fresh[1]["k"] = now
             assert not batch_publish._unchanged(told, fresh), (plain, name, was, now)
 
@@ -853,35 +855,6 @@ def test_a_zkbeat_option_in_the_headers_that_holds_the_entrys_own_name_is_in_no_
     assert len(messages) >= 3
     carrying = [m["headers"]["id"] for m in messages if "zkbeat_catchup" in m["headers"]]
     assert carrying == [], f"{len(carrying)} of {len(messages)} messages carry the zkbeat_catchup header"
-
-
-def test_a_before_task_publish_receiver_that_sets_the_priority_property_has_it_where_kombu_writes_it(
-    make_scheduler, redis_server: RedisServer, published: Published
-) -> None:
-    """Celery publishes a message's properties as keyword arguments of kombu's ``publish``: a ``priority`` a
-    receiver sets there is kombu's priority argument, written after ``delivery_info`` as kombu writes it. Every
-    tick's message must be the one Celery sends: same properties, in the same order."""
-    from celery.signals import before_task_publish
-
-    entries = {"prioritised": every(1, 1)}
-
-    def prioritise(properties: dict | None = None, **_: Any) -> None:
-        if properties is not None:
-            properties["priority"] = 3
-
-    before_task_publish.connect(prioritise, weak=False)
-    try:
-        scheduler = make_scheduler(entries, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and published.count("prioritised") >= 3, timeout=60)
-    finally:
-        before_task_publish.disconnect(prioritise)
-    assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
-    messages = queued_messages(redis_server.port)
-    assert len(messages) >= 3
-    orders = Counter(tuple(m["properties"]) for m in messages)
-    assert len(orders) == 1, f"the properties of one entry's messages in {len(orders)} orders: {orders}"
-    assert {m["properties"]["priority"] for m in messages} == {3}
 
 
 def test_a_before_task_publish_receiver_gets_each_messages_own_declare_list(

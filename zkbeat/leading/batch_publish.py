@@ -62,9 +62,9 @@ from typing import Any
 from celery import signals
 from kombu.serialization import dumps
 
+from ..ticking.ticks import ENTRY_OPTIONS, uuid_text
 from ..ticking.ticks import HEADER_ENTRY as _ENTRY_HEADER
 from ..ticking.ticks import HEADER_SLOT as _SLOT_HEADER
-from ..ticking.ticks import uuid_text
 
 __all__ = [
     "SENT", "UNCERTAIN", "UNSENT", "REFUSED", "TOO_LARGE", "CHUNK", "Outcome", "can_batch", "BatchSender", "Send",
@@ -399,8 +399,8 @@ def _identical(a: Any, b: Any, seen: dict[int, Any] | None = None, depth: int = 
     ``1.0``), where ``==`` does not tell them apart; floats are compared by
     ``repr`` too (``-0.0`` is not ``0.0``), dicts in their order (the order
     they are written in). A container met again (shared, or a cycle) is
-    compared once (``seen``: with what it was paired first). Values of other
-    types are compared by their own ``==``.
+    compared once (``seen``: with what it was paired first). A value of any
+    other type is identical only to itself.
     """
     if a is b:
         return True
@@ -438,10 +438,10 @@ def _identical(a: Any, b: Any, seen: dict[int, Any] | None = None, depth: int = 
     if kind is set or kind is frozenset:
         # Each element against each: a failed pairing must not be remembered (a fresh ``seen`` for each).
         return len(a) == len(b) and all(any(_identical(x, y, None, depth + 1) for y in b) for x in a)
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - not comparable: taken as different
-        return False
+    # Anything else (a Signature or another dict subclass, a Decimal, a datetime) is the same only as itself:
+    # its ``==`` is looser than what is written for it (Decimal("1.0") == Decimal("1.00"), one instant in two
+    # zones), so two such values are never taken for one, and Celery builds what they make.
+    return False
 
 
 def _fresh(headers: dict, properties: dict, plain: bool = False) -> tuple[dict, dict, Any]:
@@ -517,11 +517,32 @@ def _shape_options(entry: Any) -> tuple[dict, tuple[str, ...]]:
     name = entry.name
     if type(headers) is not dict or type(name) is not str:
         return options, ()
-    named = tuple(key for key, value in headers.items() if type(value) is str and value == name)
+    named = tuple(
+        key
+        for key, value in headers.items()
+        if type(value) is str and value == name and key not in ENTRY_OPTIONS  # zkbeat's own: never sent
+    )
     if not named:
         return options, ()
     marked = {key: _OWN_NAME if key in named else value for key, value in headers.items()}
     return {**options, "headers": marked}, named
+
+
+#: Options, and headers of the ``headers`` option, that Celery writes as the entry gives them, where a shape
+#: writes its own per tick (:meth:`BatchSender._patched`): an entry that sets one is sent by Celery.
+_OWN_OPTIONS = frozenset(("argsrepr", "kwargsrepr"))
+_OWN_HEADERS = frozenset(("id", "root_id", "argsrepr", "kwargsrepr"))
+
+
+def _headers_of_its_own(entry: Any) -> bool:
+    """Whether the entry gives a header a shape writes per tick (hidden arguments' ``argsrepr``, an ``id``)."""
+    options = entry.options
+    if not options:
+        return False
+    if not _OWN_OPTIONS.isdisjoint(options):
+        return True
+    headers = options.get("headers")
+    return isinstance(headers, dict) and not _OWN_HEADERS.isdisjoint(headers)
 
 
 class _OwnName:
@@ -595,12 +616,17 @@ class _Unsignalled:
         self.others = False
         #: (headers, properties, body) as they were before the receivers, once seen.
         self.seen: tuple[dict, dict, Any] | None = None
+        #: The entities to declare as Celery listed them, before the receivers (who may add to the list).
+        self.declare: list = []
 
-    def record(self, headers: Any = None, properties: Any = None, body: Any = None, **_: Any) -> None:
+    def record(
+        self, headers: Any = None, properties: Any = None, body: Any = None, declare: Any = None, **_: Any
+    ) -> None:
         if self.seen is not None or not isinstance(headers, dict) or headers.get("id") != self.task_id:
             return
         try:
             self.seen = copy.deepcopy((headers, dict(properties or {}), body))
+            self.declare = list(declare or [])
         except Exception:  # noqa: BLE001 - not copied: no shape is kept from this message
             self.seen = None
 
@@ -673,6 +699,8 @@ class BatchSender:
         """The entry's serialised arguments under a known shape, or None if Celery must build its message."""
         if not self._static_routes():
             return None  # a router function may answer differently at every send: Celery routes each tick
+        if _headers_of_its_own(entry):
+            return None  # the entry sets headers the shape writes per tick: Celery writes them its way
         body = self.bodies.get(entry.name)
         if body is not None and _same(body.args, entry.args) and _same(body.kwargs, entry.kwargs):
             shape = body.shape
@@ -793,6 +821,7 @@ class BatchSender:
                 static = False  # not seen before them: this entry's later messages are built by Celery too
             else:
                 kept_headers = before[0]
+                declare = unsignalled.declare  # what a receiver added was for that message only
                 kept_properties = {name: value for name, value in before[1].items() if name not in known}
                 kept_properties["delivery_mode"] = delivery_mode
                 embed = before[2][2] if static else {}
@@ -885,10 +914,10 @@ class BatchSender:
                 body=sending,
                 exchange=shape.exchange,
                 routing_key=shape.routing_key,
-                declare=shape.declare,
+                declare=list(shape.declare),  # Celery gives each message a list of its own
                 headers=headers,
                 properties=properties,
-                retry_policy=shape.retry_policy,
+                retry_policy=dict(shape.retry_policy),
             )
             before_unchanged = _unchanged(sent, (headers, properties))
             if told is not None and not _unchanged(told, sending):
