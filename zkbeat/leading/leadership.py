@@ -225,7 +225,11 @@ class ShardLeadership:
         except CONNECTION_ERRORS as exc:
             # The election hears about the connection too; re-verify before
             # leading again (same session: we resume, new one: we rejoin).
-            logger.warning("zkbeat: connection to ZooKeeper interrupted while leading (epoch %s): %r", epoch, exc)
+            if isinstance(exc, ConnectionClosedError) and self.zk_client is not None and not self.zk_client.connected:
+                # This process closed its own client (a shutdown under way in another shard's part): not an alarm.
+                logger.info("zkbeat: ZooKeeper client closed while leading (epoch %s): shutting down", epoch)
+            else:
+                logger.warning("zkbeat: connection to ZooKeeper interrupted while leading (epoch %s): %r", epoch, exc)
             self._end_term("connection interrupted")
             election.recheck()
             return 0
