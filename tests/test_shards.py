@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.helpers import Published, every, wait_for
+from tests.support.helpers import Published, every, names_in_every_shard, wait_for
 from tests.support.proxy import TcpProxy
 from tests.test_jitter import Sent
 from zkbeat.conf import MAX_SHARDS, read_settings
@@ -220,9 +220,9 @@ def test_an_idle_sharded_follower_wakes_when_a_shard_comes_to_it(make_scheduler)
     wait_for(lambda: any(s.election.leadership is not None for s in follower._shards), timeout=30)
 
 
-def test_a_run_now_timeout_names_the_entrys_shard_and_that_nobody_leads_it(make_scheduler) -> None:
+def test_a_run_now_timeout_names_the_entrys_shard_and_that_nobody_leads_it(make_scheduler, zk_root: str) -> None:
     """`zkbeat trigger` for an entry of a shard nobody leads says so, naming the shard, while the other one is led."""
-    entries = {f"e{n}": every(1, n) for n in range(8)}
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=4))}
     scheduler = make_scheduler(entries, zkbeat_shards=2)
     lead_every_shard(scheduler)
     wait_for(lambda: announced(scheduler, 2), timeout=30)
@@ -318,11 +318,8 @@ def test_catch_up_and_jitter_work_in_every_shard(
     jittered entries of both shards go out no earlier than slot + offset."""
     behind = 5
 
-    def two_in_each_shard(prefix: str) -> list[str]:
-        names = [f"{prefix}{n}" for n in range(100)]
-        return [n for k in (0, 1) for n in [n for n in names if shard_of(zk_root, n, 2) == k][:2]]
-
-    late, spread = two_in_each_shard("late"), two_in_each_shard("spread")
+    late = names_in_every_shard(zk_root, 2, per_shard=2, prefix="late")
+    spread = names_in_every_shard(zk_root, 2, per_shard=2, prefix="spread")
     last_run = datetime.now(timezone.utc) - timedelta(seconds=behind)
     ledger = Ledger(zk_client, zk_root)
     ledger.ensure()
@@ -361,10 +358,10 @@ def test_catch_up_and_jitter_work_in_every_shard(
         sent.close()
 
 
-def test_a_shards_term_loads_and_holds_only_its_own_shards_ledger(make_scheduler) -> None:
+def test_a_shards_term_loads_and_holds_only_its_own_shards_ledger(make_scheduler, zk_root: str) -> None:
     """A new leader of one shard reads that shard's ledger znodes alone: a takeover's load and the term's memory
     scale with the shard, not with the whole schedule (and a term never touches another shard's entries)."""
-    entries = {f"e{n}": every(1, n) for n in range(12)}
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=6))}
     first = make_scheduler(entries, zkbeat_shards=2)
     lead_every_shard(first)
     wait_for(lambda: first.tick() is not None and len(first.ledger.load()) == len(entries), timeout=30)

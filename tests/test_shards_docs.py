@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.helpers import Published, every, wait_for
+from tests.support.helpers import Published, every, names_in_every_shard, wait_for
 from tests.support.servers import free_port
 from tests.test_shards import announced, lead_every_shard, zkbeat
 from tests.test_shards_review import Loop
@@ -59,12 +59,12 @@ def warm(scheduler, done) -> None:
 
 
 def test_a_sleeping_leader_is_woken_by_a_run_now_request_for_a_shard_it_leads(
-    make_scheduler, zk_client: KazooClient, published: Published
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published
 ) -> None:
     """ "Between passes a replica waits in one sleep ... woken at once when ... a run-now request comes for a
     shard it leads": a leader of both shards whose entries are due in ten minutes (and beat_max_loop_interval
     600 s) sleeps; a run-now for an entry of each shard is published long before that sleep would end."""
-    names = [f"e{n}" for n in range(8)]
+    names = names_in_every_shard(zk_root, 2, per_shard=4)
     scheduler = make_scheduler({n: every(600, n) for n in names}, zkbeat_shards=2, beat_max_loop_interval=600)
     lead_every_shard(scheduler)
     warm(scheduler, lambda: announced(scheduler, 2) and all(s.term is not None for s in scheduler._shards))
@@ -93,10 +93,10 @@ def test_a_sleeping_leader_is_woken_by_a_run_now_request_for_a_shard_it_leads(
     assert sorted(h["zkbeat-entry"] for h in published.headers if h.get(HEADER_MANUAL)) == sorted(targets.values())
 
 
-def test_each_shard_holds_only_its_own_entries_on_beats_heap(make_scheduler) -> None:
+def test_each_shard_holds_only_its_own_entries_on_beats_heap(make_scheduler, zk_root: str) -> None:
     """ "A shard's leader ... holds only its shard's entries on beat's heap": after a pass, the heap of each
     shard a replica leads has exactly that shard's entries, and the heaps together have every entry once."""
-    names = [f"h{n}" for n in range(12)]
+    names = names_in_every_shard(zk_root, 3, per_shard=4, prefix="h")
     scheduler = make_scheduler({n: every(60, n) for n in names}, zkbeat_shards=3)
     lead_every_shard(scheduler)
     warm(scheduler, lambda: all(s.term is not None and s._heap for s in scheduler._shards))
@@ -145,10 +145,10 @@ def test_the_metric_is_shard_leader_is_1_for_each_shard_led_and_0_for_one_given_
     assert shard_leader_samples(exported(port)) == {"0": 1.0, "1": 0.0}
 
 
-def test_a_run_now_that_times_out_names_the_leader_of_the_entrys_shard(make_scheduler) -> None:
+def test_a_run_now_that_times_out_names_the_leader_of_the_entrys_shard(make_scheduler, zk_root: str) -> None:
     """ "a `zkbeat trigger` that times out names the entry's shard and that shard's leader": a leader of both
     shards whose loop does not turn (it takes no request): the timeout names the shard, the leader, its epoch."""
-    entries = {f"e{n}": every(1, n) for n in range(8)}
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=4))}
     scheduler = make_scheduler(entries, zkbeat_shards=2, identity="the-leader")
     lead_every_shard(scheduler)
     wait_for(lambda: announced(scheduler, 2), timeout=30)
@@ -160,10 +160,12 @@ def test_a_run_now_that_times_out_names_the_leader_of_the_entrys_shard(make_sche
     assert f"shard 1/2, its shard, is led by the-leader (epoch {epoch})" in done.stderr, done.stderr
 
 
-def test_pause_and_resume_hold_in_every_shard(make_scheduler, zk_client: KazooClient, published: Published) -> None:
+def test_pause_and_resume_hold_in_every_shard(
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published
+) -> None:
     """ "Pauses, resumes ... are per entry and work the same in every shard": an entry of each of 3 shards
     paused is not published while the others go on; resumed, each is published again."""
-    names = [f"p{n}" for n in range(12)]
+    names = names_in_every_shard(zk_root, 3, per_shard=4, prefix="p")
     scheduler = make_scheduler({n: every(1, n) for n in names}, zkbeat_shards=3)
     lead_every_shard(scheduler)
     warm(scheduler, lambda: all(published.count(n) >= 1 for n in names))

@@ -15,7 +15,7 @@ from typing import Any
 
 import zkbeat.coordination.shards as shards_module
 import zkbeat.leading.leadership as leadership_module
-from tests.support.helpers import every, wait_for
+from tests.support.helpers import every, names_in_every_shard, wait_for
 from tests.test_shards import lead_every_shard
 from zkbeat.coordination.shards import shard_of
 
@@ -58,7 +58,7 @@ def count_terms(scheduler: Any) -> list[tuple[int, int]]:
 
 
 def test_the_fair_share_does_not_hand_shards_again_and_again_to_a_replica_whose_schedule_never_loads(
-    make_scheduler, monkeypatch
+    make_scheduler, monkeypatch, zk_root: str
 ) -> None:
     """A replica whose schedule does not load (a DatabaseScheduler that cannot reach its database) steps aside
     after zkbeat_stall_timeout; the shard it led goes back to the healthy replica. Once it rejoins the lines,
@@ -66,7 +66,7 @@ def test_the_fair_share_does_not_hand_shards_again_and_again_to_a_replica_whose_
     unpublished for another zkbeat_stall_timeout, for ever (a ping-pong; "nothing single stops the schedule")."""
     monkeypatch.setattr(leadership_module, "LOAD_RECHECK", 3.0)  # rejoin soon after stepping aside (30 s in production)
     monkeypatch.setattr(shards_module, "SETTLE_TIME", 0.2)  # the fair share acts soon on what it sees
-    entries = {f"e{n}": every(1, n) for n in range(8)}
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=4))}
     settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 5.5, "beat_max_loop_interval": 0.2}
     good = make_scheduler(entries, identity="good", **settings)
     lead_every_shard(good)

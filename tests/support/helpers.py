@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 from celery.signals import after_task_publish
 
+from zkbeat.coordination.shards import shard_of
+
 T = TypeVar("T")
 
 
@@ -114,3 +116,21 @@ def fail_next_claim(scheduler: Any, monkeypatch: Any, error: BaseException, comm
 
     monkeypatch.setattr(scheduler.ledger, "claim", claim)
     return committed
+
+
+def names_in_every_shard(root: str, shards: int, per_shard: int = 1, prefix: str = "e") -> list[str]:
+    """``per_shard`` entry names of each of ``shards`` shards under ``root`` (shard 0's first, then 1's, ...).
+
+    Roots are random per test, so a fixed handful of names leaves some shard
+    empty in a few runs of a hundred: a test that needs every shard asks for
+    names that fill each.
+    """
+    found: dict[int, list[str]] = {k: [] for k in range(shards)}
+    n = 0
+    while any(len(names) < per_shard for names in found.values()):
+        name = f"{prefix}{n}"
+        names = found[shard_of(root, name, shards)]
+        if len(names) < per_shard:
+            names.append(name)
+        n += 1
+    return [name for k in range(shards) for name in found[k]]
