@@ -122,8 +122,6 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
         #: This process's id in the candidates of every shard (only with shards: the fair share reads it).
         self._replica = uuid.uuid4().hex
         self._fair_share: FairShare | None = None
-        #: Each entry's shard, worked out once (zkbeat.coordination.shards.shard_of).
-        self._shard_index: dict[str, int] = {}
         #: Set when any shard's election changes hands or a run-now request comes for a shard led
         #: here: a sharded replica's one wait (zkbeat.leading.wakeup, which libfaketime cannot hang).
         self._wake: Wakeup | threading.Event = Wakeup() if count > 1 else threading.Event()

@@ -69,7 +69,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from kazoo.protocol.states import KazooState
 
 from ..coordination.election import Fence
-from ..coordination.shards import shard_of, shard_root
+from ..coordination.shards import entry_shard
 from ..leading.passgc import no_collection
 from ..leading.shard_state import ShardState
 from ..ledger.store import EntryState
@@ -304,12 +304,8 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     # this pass already covered it under its candidate reads nothing more.
 
     def _shard_number(self, name: str) -> int:
-        """The shard of row ``name`` (zkbeat.coordination.shards.shard_of), worked out once per name."""
-        index = self._shard_index.get(name)
-        if index is None:
-            root = shard_root(self.zk_settings.hosts, self.zk_settings.root)
-            index = self._shard_index[name] = shard_of(root, name, len(self._shards))
-        return index
+        """The shard of row ``name`` (zkbeat.coordination.shards.entry_shard, worked out once per name)."""
+        return entry_shard(self.zk_settings.hosts, self.zk_settings.root, name, len(self._shards))
 
     def _wants(self, name: str) -> bool:
         """Whether row ``name`` is built: a shard held here, and the class's own ``entry_filter``."""

@@ -62,7 +62,17 @@ from kazoo.protocol.states import WatchedEvent
 from .candidates import CandidateReader
 from .layout import LAYOUT_DIR
 
-__all__ = ["shard_of", "shard_root", "election_path", "handover_path", "Move", "rebalance", "FairShare", "REPLICA_KEY"]
+__all__ = [
+    "shard_of",
+    "shard_root",
+    "entry_shard",
+    "election_path",
+    "handover_path",
+    "Move",
+    "rebalance",
+    "FairShare",
+    "REPLICA_KEY",
+]
 
 #: Key of a replica's own random id in its candidate data (only with N > 1):
 #: an identity may be set alike on every replica, this id never is.
@@ -99,6 +109,35 @@ def shard_root(hosts: str, root: str) -> str:
     if not chroot:
         return root
     return chroot if root == "/" else f"{chroot}{root}"
+
+
+def entry_shard(hosts: str, root: str, name: str, shards: int) -> int:
+    """The shard of entry ``name`` as every replica computes it: :func:`shard_of` under :func:`shard_root`.
+
+    Worked out once per name and configuration: a leader asks for the shard
+    of every row of its schedule on each pass, the dashboard of every entry
+    it shows, and SHA-1 over 100,000 names is a cost each pass would pay again.
+    """
+    return _shard_memo(shard_root(hosts, root), shards)(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _shard_memo(root: str, shards: int) -> Callable[[str], int]:
+    """A memo of :func:`shard_of` for one root and count: a dict that lives as long as the configuration is used.
+
+    Bounded by configurations (roots and counts, a handful in a process), not
+    by names: an LRU over names smaller than the schedule would miss on every
+    lookup of a pass over all its rows.
+    """
+    known: dict[str, int] = {}
+
+    def shard(name: str) -> int:
+        index = known.get(name)
+        if index is None:
+            index = known[name] = shard_of(root, name, shards)
+        return index
+
+    return shard
 
 
 def _base(root: str, shard: int, shards: int) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 from kazoo.protocol.states import KazooState
 
-from ..coordination.shards import shard_of, shard_root
+from ..coordination.shards import entry_shard
 from ..exceptions import ConfigurationError
 from .leadership import ZOOKEEPER_ERRORS
 from .shard_state import ShardState
@@ -61,14 +61,10 @@ class ShardedLoop:
         return functools.partial(self._holds, shard)
 
     def _holds(self, shard: ShardState, name: str) -> bool:
-        """Whether entry ``name`` belongs to ``shard``: its number worked out once per name (``_shard_index``)."""
+        """Whether entry ``name`` belongs to ``shard``: its number worked out once per name (``entry_shard``)."""
         if shard.count == 1:
             return True
-        index = self._shard_index.get(name)
-        if index is None:
-            root = shard_root(self.zk_settings.hosts, self.zk_settings.root)
-            index = self._shard_index[name] = shard_of(root, name, shard.count)
-        return index == shard.index
+        return entry_shard(self.zk_settings.hosts, self.zk_settings.root, name, shard.count) == shard.index
 
     @contextlib.contextmanager
     def shard_current(self, shard: ShardState) -> Iterator[None]:

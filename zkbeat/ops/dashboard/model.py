@@ -49,7 +49,7 @@ from ...coordination.candidates import CandidateReader, Line
 from ...coordination.layout import LAYOUT, LAYOUT_DIR, MARKER_DIR
 from ...coordination.liveness import Announcement
 from ...coordination.peers import layout_of
-from ...coordination.shards import election_path, shard_of, shard_root
+from ...coordination.shards import election_path, entry_shard
 from ...ledger import history
 from ...ledger.store import EntryState, decode_answer, decode_name, encode_name
 from . import describe
@@ -140,8 +140,6 @@ class ClusterModel:
         #: Per shard: epoch (a candidate's sequence number in that shard's election) -> its identity.
         self._owners: list[dict[int, str]] = [{} for _ in self.election_paths]
         self._epoch_owner = self._owners[0]
-        #: Each entry's shard, worked out once.
-        self._shard_index: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -569,12 +567,8 @@ class ClusterModel:
         return view
 
     def _shard_of(self, name: str) -> int:
-        """The shard of entry ``name``, as its leaders compute it (zkbeat.coordination.shards.shard_of)."""
-        shard = self._shard_index.get(name)
-        if shard is None:
-            root = shard_root(self.settings.hosts, self.root_setting)
-            shard = self._shard_index[name] = shard_of(root, name, self.settings.shards)
-        return shard
+        """The shard of entry ``name``, as its leaders compute it (zkbeat.coordination.shards.entry_shard)."""
+        return entry_shard(self.settings.hosts, self.root_setting, name, self.settings.shards)
 
     @property
     def root_setting(self) -> str:
