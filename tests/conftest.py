@@ -31,6 +31,7 @@ from tests.support.brokers import BROKERS, TestBroker, make_broker  # noqa: E402
 from tests.support.djangosupport import DjangoCluster, replica_env  # noqa: E402
 from tests.support.helpers import Published  # noqa: E402
 from tests.support.processes import ENTRIES, SESSION, Cluster  # noqa: E402
+from tests.support.proxy import TcpProxy  # noqa: E402
 from tests.support.servers import RedisServer, ZooKeeperEnsemble, ZooKeeperServer  # noqa: E402
 
 # PostgreSQL + Django fixtures of the DatabaseScheduler tests (Django loads only when used).
@@ -63,6 +64,24 @@ def redis_server() -> Iterator[RedisServer]:
     """One Redis shared by the whole run."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def redis_server_private() -> Iterator[RedisServer]:
+    """A fresh Redis of the test's own: its queue holds this test's messages alone, for the test to read back."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def proxied_redis() -> Iterator[tuple[RedisServer, TcpProxy]]:
+    """A fresh Redis of the test's own and a TcpProxy to it: the replicas go through the proxy (which can cut the
+    link), the test reads the queue in Redis itself."""
+    server = RedisServer().start()
+    proxy = TcpProxy(server.port).start()
+    yield server, proxy
+    proxy.close()
+    server.stop()
 
 
 @pytest.fixture(params=BROKERS)

@@ -24,7 +24,8 @@ import pytest
 import redis
 from celery.utils.saferepr import saferepr
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, connected, every, lead, lead_until_published, wait_for
+from tests.support.messages import compare_shaped_messages, queued_messages
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer
 from tests.test_uncertain_publish import uncertain_slots
@@ -34,39 +35,19 @@ from zkbeat.ticking.ticks import task_id_for
 ENTRIES = 12
 
 
-def queued_messages(port: int) -> list[dict]:
-    """Every message in Redis's default queue (each of its priority lists), oldest first within each."""
-    client = redis.Redis(port=port)
-    try:
-        raw = [item for key in sorted(client.keys("celery*")) for item in reversed(client.lrange(key, 0, -1))]
-    finally:
-        client.close()
-    return [json.loads(item) for item in raw]
-
-
 def run_count(scheduler: Any, entry: str) -> int:
     return scheduler.ledger.load([entry])[entry].state.total_run_count
 
 
-@pytest.fixture
-def own_redis() -> Iterator[tuple[RedisServer, TcpProxy]]:
-    server = RedisServer().start()
-    proxy = TcpProxy(server.port).start()
-    yield server, proxy
-    proxy.close()
-    server.stop()
-
-
 def test_a_batch_puts_every_tick_in_the_queue_once_with_its_headers_task_id_and_arguments(
-    make_scheduler, own_redis: tuple[RedisServer, TcpProxy], published: Published
+    make_scheduler, proxied_redis: tuple[RedisServer, TcpProxy], published: Published
 ) -> None:
     """Entries due together go out through the pipeline: each tick once, headers, task id and body as Celery builds."""
-    server, _ = own_redis
+    server, _ = proxied_redis
     entries = {f"batch-{n:02d}": every(1, n) for n in range(ENTRIES)}
     entries["batch-own"] = every(1, "x", kwargs={"k": [1, 2]}, options={"headers": {"x-mine": "kept"}, "priority": 3})
     scheduler = make_scheduler(entries, broker_url=server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 3 for name in entries), timeout=60)
+    lead_until_published(scheduler, published, entries, times=3)
     batch = scheduler.term.publisher.batch
     assert batch is not None and batch.shapes, "the ticks did not go through the pipeline path"
     messages = queued_messages(server.port)
@@ -93,13 +74,13 @@ def test_a_batch_puts_every_tick_in_the_queue_once_with_its_headers_task_id_and_
 
 def test_a_batch_cut_mid_write_counts_the_chunk_as_maybe_sent_and_sends_the_rest_once_later(
     make_scheduler,
-    own_redis: tuple[RedisServer, TcpProxy],
+    proxied_redis: tuple[RedisServer, TcpProxy],
     published: Published,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The link drops inside a pipeline write: that chunk may have arrived, later chunks stay due; none twice."""
-    server, proxy = own_redis
+    server, proxy = proxied_redis
     monkeypatch.setattr(batch_publish, "CHUNK", 4)
     entries = {f"cut-{n:02d}": every(2, n) for n in range(ENTRIES)}
     scheduler = make_scheduler(
@@ -107,8 +88,7 @@ def test_a_batch_cut_mid_write_counts_the_chunk_as_maybe_sent_and_sends_the_rest
         broker_url=f"redis://127.0.0.1:{proxy.port}/0",
         broker_transport_options={"socket_timeout": 1},
     )
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 1 for name in entries), timeout=60)
+    lead_until_published(scheduler, published, entries)
     with caplog.at_level(logging.INFO, logger="zkbeat"):
         proxy.cut_after(1500)  # inside the first message or two of the next pipeline write
         wait_for(
@@ -137,15 +117,14 @@ def test_a_batch_cut_mid_write_counts_the_chunk_as_maybe_sent_and_sends_the_rest
 
 
 def test_a_message_redis_refuses_in_a_batch_is_dropped_once_and_the_rest_go_out(
-    make_scheduler, own_redis: tuple[RedisServer, TcpProxy], published: Published, caplog: pytest.LogCaptureFixture
+    make_scheduler, proxied_redis: tuple[RedisServer, TcpProxy], published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An error reply to one LPUSH (its queue's key now holds a string) drops that tick as celery beat would."""
-    server, _ = own_redis
+    server, _ = proxied_redis
     entries = {f"fine-{n:02d}": every(1, n) for n in range(4)}
     entries["refused"] = every(1, options={"queue": "refusing"})
     scheduler = make_scheduler(entries, broker_url=server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and published.count("refused") >= 1, timeout=30)
+    lead_until_published(scheduler, published, ["refused"], timeout=30)
     client = redis.Redis(port=server.port)
     client.delete("refusing")
     client.set("refusing", "not a list")  # the queue was declared already: only the LPUSH itself fails now
@@ -192,8 +171,7 @@ def test_a_batch_keeps_one_shape_per_task_and_options_for_an_entry_with_a_lazy_a
 
     entries = {"lazy": every(1, BeatLazyFunc(_lazy_now)), "plain": every(1, 0)}
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 6 for n in entries), timeout=60)
+    lead_until_published(scheduler, published, entries, times=6)
     batch = scheduler.term.publisher.batch
     assert batch is not None, "the ticks did not go through the pipeline path"
     shapes = sum(len(kept) for kept in batch.shapes.values())
@@ -212,8 +190,7 @@ def test_a_batch_fires_after_task_publish_for_an_entrys_first_tick_only_once_red
         "late": every(8, options={"queue": "refusing", "priority": 1}, last_run_at=now),  # other options: own shape
     }
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and published.count("warm") >= 1, timeout=30)
+    lead_until_published(scheduler, published, ["warm"], timeout=30)
     client = redis.Redis(port=redis_server.port)
     client.delete("refusing")
     client.set("refusing", "not a list")  # from now on LPUSH to this queue gets WRONGTYPE
@@ -269,8 +246,7 @@ def test_a_batch_cut_while_replies_are_read_fires_after_task_publish_for_every_a
         scheduler = make_scheduler(
             entries, broker_url=f"redis://127.0.0.1:{proxy.port}/0", broker_transport_options={"socket_timeout": 2}
         )
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 1 for n in entries), timeout=60)
+        lead_until_published(scheduler, published, entries)
         with caplog.at_level(logging.INFO, logger="zkbeat"):
             proxy.cut_replies_after(9)  # two LPUSH replies (":N\r\n") whole, then the link closes
             wait_for(lambda: scheduler.tick() is not None and "a batch of" in caplog.text, timeout=30)
@@ -289,8 +265,7 @@ def test_a_batch_forgets_the_prepared_messages_of_entries_that_left_the_schedule
     """Entries that come and go under new names (one-off rows) leave nothing behind in the term's prepared
     bodies once they are out of the schedule."""
     scheduler = make_scheduler({"steady": every(1, 0)}, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and published.count("steady") >= 1, timeout=30)
+    lead_until_published(scheduler, published, ["steady"], timeout=30)
     for n in range(8):
         name = f"one-off-{n}"
         scheduler.update_from_dict({name: every(1, n)})
@@ -318,8 +293,7 @@ def test_a_batch_asks_a_router_function_at_every_tick(
     next ticks go there, not to the queue of its first answer."""
     _ROUTE["queue"] = "route-a"
     scheduler = make_scheduler({"routed": every(1, 0)}, broker_url=redis_server.url, task_routes=(_dynamic_route,))
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and published.count("routed") >= 2, timeout=30)
+    lead_until_published(scheduler, published, ["routed"], times=2, timeout=30)
     _ROUTE["queue"] = "route-b"
     before = published.count("routed")
     wait_for(lambda: scheduler.tick() is not None and published.count("routed") >= before + 3, timeout=30)
@@ -333,7 +307,7 @@ def test_a_batch_asks_a_router_function_at_every_tick(
 
 
 def test_an_entrys_first_message_made_from_its_shape_is_the_message_kombu_writes_for_it(
-    make_scheduler, own_redis: tuple[RedisServer, TcpProxy], published: Published, monkeypatch: pytest.MonkeyPatch
+    make_scheduler, proxied_redis: tuple[RedisServer, TcpProxy], published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Entries of one shape: from the third on, the first message is the shape's with the entry's fields put in.
 
@@ -341,7 +315,7 @@ def test_an_entrys_first_message_made_from_its_shape_is_the_message_kombu_writes
     on the same channel for the same entry, task id, slot and delivery tag;
     and every tick is in the queue once with its own arguments.
     """
-    server, _ = own_redis
+    server, _ = proxied_redis
     entries = {f"shaped-{n:02d}": every(30, n, f"shaped-{n:02d}") for n in range(ENTRIES)}
     entries.update(
         {
@@ -352,27 +326,9 @@ def test_an_entrys_first_message_made_from_its_shape_is_the_message_kombu_writes
             "[1]": every(30, 1),  # its name is another entry's argsrepr
         }
     )
-    compared: list[str] = []
-    original = batch_publish.BatchSender._from_shape
-
-    def checked(self, entry, body, extra, channel):
-        template = original(self, entry, body, extra, channel)
-        if template is not None:
-            task_id = task_id_for(scheduler.zk_settings.root, entry.name, datetime.now(timezone.utc))
-            headers, properties = self._patched(body, task_id, extra)
-            message = channel.prepare_message(
-                body.data, body.shape.priority, body.content_type, body.content_encoding, headers, properties
-            )
-            kombus = self._record(channel, message, body.shape)
-            tag = message["properties"]["delivery_tag"]
-            assert template.commands(task_id, extra["zkbeat-slot"], tag) == kombus, entry.name
-            compared.append(entry.name)
-        return template
-
-    monkeypatch.setattr(batch_publish.BatchSender, "_from_shape", checked)
+    compared = compare_shaped_messages(monkeypatch, lambda: scheduler.zk_settings.root)
     scheduler = make_scheduler(entries, broker_url=server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 1 for name in entries), timeout=60)
+    lead_until_published(scheduler, published, entries)
     # Through kombu, at most four, by the order the pass met them in: the one the template is cut from and the
     # one it is checked on, and the same again when a check fails (a message whose fields cannot all be told
     # apart, such as "[1]"'s, named like another entry's argsrepr, met before the template was checked).
@@ -403,13 +359,9 @@ def test_a_before_task_publish_receiver_that_changes_a_nested_header_is_in_every
         if isinstance(stamps, dict):
             stamps["seq"] = next(calls)
 
-    before_task_publish.connect(stamp, weak=False)
-    try:
+    with connected(before_task_publish, stamp):
         scheduler = make_scheduler(entries, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
-    finally:
-        before_task_publish.disconnect(stamp)
+        lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     messages = queued_messages(redis_server.port)
     seqs = Counter(m["headers"]["stamps"].get("seq") for m in messages)
@@ -430,13 +382,9 @@ def test_a_before_task_publish_receiver_that_sets_a_header_where_missing_sets_it
         if headers is not None:
             headers.setdefault("x-trace", next(calls))
 
-    before_task_publish.connect(trace, weak=False)
-    try:
+    with connected(before_task_publish, trace):
         scheduler = make_scheduler(entries, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
-    finally:
-        before_task_publish.disconnect(trace)
+        lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     traces = Counter(m["headers"].get("x-trace") for m in queued_messages(redis_server.port))
     assert all(count == 1 for count in traces.values()), f"messages sent with another message's trace: {traces}"
@@ -456,13 +404,9 @@ def test_a_before_task_publish_receiver_that_adds_a_keyword_argument_has_it_in_e
         if isinstance(body, (tuple, list)) and len(body) == 3 and isinstance(body[1], dict):
             body[1]["tenant"] = "acme"
 
-    before_task_publish.connect(tenant, weak=False)
-    try:
+    with connected(before_task_publish, tenant):
         scheduler = make_scheduler(entries, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
-    finally:
-        before_task_publish.disconnect(tenant)
+        lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     messages = queued_messages(redis_server.port)
     missing = [
@@ -492,13 +436,9 @@ def test_a_header_a_receiver_sets_on_an_entrys_first_message_only_is_in_that_mes
             marked.add(name)
             headers["x-first"] = True  # type: ignore[index]
 
-    before_task_publish.connect(mark, weak=False)
-    try:
+    with connected(before_task_publish, mark):
         scheduler = make_scheduler(entries, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
-    finally:
-        before_task_publish.disconnect(mark)
+        lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     firsts = Counter(
         m["headers"]["zkbeat-entry"] for m in queued_messages(redis_server.port) if "x-first" in m["headers"]
@@ -616,18 +556,14 @@ def test_a_changed_entry_goes_out_with_its_new_arguments_while_a_receiver_is_con
         if headers is not None and headers.get("zkbeat-entry") == "changing":
             seen.append((headers.get("x-phase"), body[0], headers.get("argsrepr")))
 
-    before_task_publish.connect(watch, weak=False)
-    try:
+    with connected(before_task_publish, watch):
         scheduler = make_scheduler(
             {"changing": every(1, "a", options={"headers": {"x-phase": "one"}})}, broker_url=redis_server.url
         )
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and published.count("changing") >= 2, timeout=30)
+        lead_until_published(scheduler, published, ["changing"], times=2, timeout=30)
         scheduler.update_from_dict({"changing": every(1, "b", 2.5, options={"headers": {"x-phase": "two"}})})
         before = published.count("changing")
         wait_for(lambda: scheduler.tick() is not None and published.count("changing") >= before + 2, timeout=30)
-    finally:
-        before_task_publish.disconnect(watch)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     phases = [(m["headers"].get("x-phase"), json.loads(base64.b64decode(m["body"]))[0], m["headers"]["argsrepr"])
               for m in queued_messages(redis_server.port)]  # fmt: skip
@@ -650,8 +586,7 @@ def test_entries_whose_header_options_differ_only_in_type_each_go_out_with_their
         "typed-float": every(1, "f", options={"headers": {"x-flag": 1.0}}),
     }
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 2 for n in entries), timeout=60)
+    lead_until_published(scheduler, published, entries, times=2)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     sent = {(m["headers"]["zkbeat-entry"], repr(m["headers"]["x-flag"])) for m in queued_messages(redis_server.port)}
     assert sent == {("typed-bool", "True"), ("typed-int", "1"), ("typed-float", "1.0")}, sorted(sent)
@@ -668,13 +603,9 @@ def test_a_receiver_that_changes_an_argument_to_an_equal_value_of_another_type_h
         if headers is not None and headers.get("zkbeat-entry") == "ratio" and isinstance(body, tuple):
             body[1]["ratio"] = float(body[1]["ratio"])
 
-    before_task_publish.connect(as_float, weak=False)
-    try:
+    with connected(before_task_publish, as_float):
         scheduler = make_scheduler({"ratio": every(1, kwargs={"ratio": 1})}, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and published.count("ratio") >= 3, timeout=60)
-    finally:
-        before_task_publish.disconnect(as_float)
+        lead_until_published(scheduler, published, ["ratio"], times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     got = [repr(json.loads(base64.b64decode(m["body"]))[1]["ratio"]) for m in queued_messages(redis_server.port)]
     assert got and all(item == "1.0" for item in got), got
@@ -787,15 +718,11 @@ def test_an_after_task_publish_receivers_change_to_a_message_is_in_no_later_mess
         if headers is not None and isinstance(headers.get("timelimit"), list):
             headers["timelimit"][0] = 99
 
-    after_task_publish.connect(scribble, weak=False)
-    try:
+    with connected(after_task_publish, scribble):
         scheduler = make_scheduler({"first": every(1, 1)}, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and published.count("first") >= 2, timeout=60)
+        lead_until_published(scheduler, published, ["first"], times=2)
         scheduler.update_from_dict({"later": every(1, 2)})
         wait_for(lambda: scheduler.tick() is not None and published.count("later") >= 2, timeout=60)
-    finally:
-        after_task_publish.disconnect(scribble)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     messages = queued_messages(redis_server.port)
     bodies = [(m["headers"]["zkbeat-entry"], json.loads(base64.b64decode(m["body"]))) for m in messages]
@@ -816,8 +743,7 @@ def test_an_entrys_own_argsrepr_and_kwargsrepr_go_out_in_every_message_as_celery
         "repr-header": every(1, "secret-b", options={"headers": {"argsrepr": "<masked>"}}),
     }
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     sent = Counter(
         (m["headers"]["zkbeat-entry"], m["headers"]["argsrepr"], m["headers"]["kwargsrepr"])
@@ -833,8 +759,7 @@ def test_an_id_and_root_id_header_option_go_out_in_every_message_as_celery_write
     tick's message must carry the option's values, as Celery's does."""
     entries = {"header-id": every(1, 1, options={"headers": {"id": "fixed-id", "root_id": "fixed-id"}})}
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and published.count("header-id") >= 3, timeout=60)
+    lead_until_published(scheduler, published, ["header-id"], times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     sent = Counter((m["headers"]["id"], m["headers"]["root_id"]) for m in queued_messages(redis_server.port))
     assert set(sent) == {("fixed-id", "fixed-id")}, sent
@@ -848,8 +773,7 @@ def test_a_zkbeat_option_in_the_headers_that_holds_the_entrys_own_name_is_in_no_
     ``once``) is in none of its messages either."""
     entries = {"once": every(1, 1, options={"headers": {"zkbeat_catchup": "once", "x-team": "a"}})}
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and published.count("once") >= 3, timeout=60)
+    lead_until_published(scheduler, published, ["once"], times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     messages = queued_messages(redis_server.port)
     assert len(messages) >= 3
@@ -873,13 +797,9 @@ def test_a_before_task_publish_receiver_gets_each_messages_own_declare_list(
             lengths.append(len(declare))
             declare.append(Queue("zkbeat-extra"))
 
-    before_task_publish.connect(declare_more, weak=False)
-    try:
+    with connected(before_task_publish, declare_more):
         scheduler = make_scheduler(entries, broker_url=redis_server.url)
-        lead(scheduler)
-        wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
-    finally:
-        before_task_publish.disconnect(declare_more)
+        lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     assert set(lengths) == {1}, f"receivers handed declare lists of lengths {Counter(lengths)}"
 
@@ -897,8 +817,7 @@ def test_entries_whose_link_options_differ_only_in_an_arguments_type_each_go_out
         "linked-int": every(1, "i", options={"link": signature("zkbeat.tests.callback", args=(1,))}),
     }
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 3 for n in entries), timeout=60)
+    lead_until_published(scheduler, published, entries, times=3)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     sent = Counter(
         (m["headers"]["zkbeat-entry"], repr(json.loads(base64.b64decode(m["body"]))[2]["callbacks"][0]["args"]))
@@ -919,8 +838,7 @@ def test_entries_whose_header_options_are_equal_decimals_written_differently_eac
         "decimal-long": every(1, "l", options={"headers": {"x-price": Decimal("1.00")}}),
     }
     scheduler = make_scheduler(entries, broker_url=redis_server.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(n) >= 2 for n in entries), timeout=60)
+    lead_until_published(scheduler, published, entries, times=2)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     sent = Counter(
         (m["headers"]["zkbeat-entry"], json.dumps(m["headers"]["x-price"])) for m in queued_messages(redis_server.port)

@@ -15,12 +15,12 @@ from datetime import datetime, timedelta
 from importlib import metadata
 
 import pytest
-import redis
 from celery import schedules
 from kazoo.client import KazooClient
 
 from tests.support.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
 from tests.support.helpers import Published, lead, wait_for
+from tests.support.messages import queued_messages
 from tests.support.processes import ROOT
 from tests.support.servers import RedisServer
 from zkbeat.coordination.election import LeaderElection
@@ -181,9 +181,9 @@ def test_the_leader_runs_each_kind_of_task_with_its_options(
         assert all(e and datetime.fromisoformat(e) < timezone.now() for e in expiries), expiries
     assert published.of("with-options")[0][2] == ["a"]
 
-    broker = redis.Redis.from_url(redis_server.url)
-    queued = [json.loads(raw) for key in broker.keys("reports*") for raw in broker.lrange(key, 0, -1)]
-    message = next(m for m in queued if m["headers"].get("zkbeat-entry") == "with-options")
+    message = next(
+        m for m in queued_messages(redis_server.port, "reports*") if m["headers"].get("zkbeat-entry") == "with-options"
+    )
     assert message["properties"]["priority"] == 7
     assert message["headers"]["tenant"] == "acme"
     if HOST_2_8:

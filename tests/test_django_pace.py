@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from tests.support.djangosupport import interval_task
-from tests.support.helpers import Published, lead, wait_for
+from tests.support.helpers import Published, lead, lead_until_published, wait_for
+from tests.support.messages import compare_shaped_messages, queued_messages
 from tests.support.servers import RedisServer
-from tests.test_batch_publish import queued_messages
 from zkbeat.leading import batch_publish
-from zkbeat.ticking.ticks import task_id_for
 
 pytestmark = pytest.mark.usefixtures("beat_db")
 
@@ -34,15 +32,8 @@ def beat_scheduler() -> str:
     return "zkbeat.DatabaseScheduler"
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 def test_rows_share_a_message_shape_and_each_first_message_is_the_one_kombu_writes(
-    make_scheduler, own_redis: RedisServer, published: Published, monkeypatch: pytest.MonkeyPatch
+    make_scheduler, redis_server_private: RedisServer, published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows of one task: all but a few first messages are made from the task's shape, not built by Celery.
 
@@ -58,40 +49,23 @@ def test_rows_share_a_message_shape_and_each_first_message_is_the_one_kombu_writ
         # A task no app registers here: whether an earlier test in this process imported the example project's
         # jobs.tasks (whose cleanup_messages takes no arguments, and Celery checks them) must not matter.
         interval_task(name, 3600, task="pace.rows", args=json.dumps(args), last_run_at=long_ago)
-    compared: list[str] = []
+    compared = compare_shaped_messages(monkeypatch, lambda: scheduler.zk_settings.root)
     through_celery: list[str] = []
-    from_shape = batch_publish.BatchSender._from_shape
     celery_path = batch_publish._through_celery
-
-    def checked(self, entry, body, extra, channel):
-        template = from_shape(self, entry, body, extra, channel)
-        if template is not None:
-            task_id = task_id_for(scheduler.zk_settings.root, entry.name, datetime.now(timezone.utc))
-            headers, properties = self._patched(body, task_id, extra)
-            message = channel.prepare_message(
-                body.data, body.shape.priority, body.content_type, body.content_encoding, headers, properties
-            )
-            kombus = self._record(channel, message, body.shape)
-            tag = message["properties"]["delivery_tag"]
-            assert template.commands(task_id, extra["zkbeat-slot"], tag) == kombus, entry.name
-            compared.append(entry.name)
-        return template
 
     def counted(broker, sender, entry, options, producer):
         through_celery.append(entry.name)
         return celery_path(broker, sender, entry, options, producer)
 
-    monkeypatch.setattr(batch_publish.BatchSender, "_from_shape", checked)
     monkeypatch.setattr(batch_publish, "_through_celery", counted)
-    scheduler = make_scheduler(broker_url=own_redis.url)
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and all(published.count(name) >= 1 for name in rows), timeout=60)
+    scheduler = make_scheduler(broker_url=redis_server_private.url)
+    lead_until_published(scheduler, published, rows)
     assert scheduler.term.publisher.batch is not None, "the ticks did not go through the pipeline path"
     # Through Celery: the first row (its shape is kept). Through kombu: the two the shape's template is cut from
     # and checked on. Every other row's first message is made from the shape.
     assert len([name for name in through_celery if name in rows]) == 1, f"built by Celery: {through_celery}"
     assert len(compared) >= len(rows) - 3, f"first messages made from the shape: {compared}"
-    messages = [m for m in queued_messages(own_redis.port) if m["headers"].get("zkbeat-entry") in rows]
+    messages = [m for m in queued_messages(redis_server_private.port) if m["headers"].get("zkbeat-entry") in rows]
     assert sorted(m["headers"]["zkbeat-entry"] for m in messages) == sorted(rows)
     for message in messages:
         name, headers = message["headers"]["zkbeat-entry"], message["headers"]

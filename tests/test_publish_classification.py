@@ -24,7 +24,6 @@ the one of ``task_publish_retry_policy``.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -36,6 +35,7 @@ import redis
 
 from tests.support.brokers import RabbitBroker
 from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.messages import queued_messages
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer
 from tests.test_rabbitmq import drain
@@ -47,12 +47,7 @@ def run_count(scheduler: Any, entry: str) -> int:
 
 
 def redis_slots(port: int) -> list[str]:
-    client = redis.Redis(port=port)
-    try:
-        raw = client.lrange("celery", 0, -1)
-    finally:
-        client.close()
-    return [json.loads(item)["headers"]["zkbeat-slot"] for item in reversed(raw)]
+    return [message["headers"]["zkbeat-slot"] for message in queued_messages(port, "celery")]
 
 
 @pytest.fixture
@@ -155,15 +150,6 @@ def test_a_redis_loading_its_data_after_a_restart_costs_no_tick(
         assert run_count(scheduler, "tidy") == len(queued), "a tick counted as run is not in the queue"
     finally:
         server.stop()
-
-
-@pytest.fixture
-def proxied_redis() -> Iterator[tuple[RedisServer, TcpProxy]]:
-    server = RedisServer().start()
-    proxy = TcpProxy(server.port).start()
-    yield server, proxy
-    proxy.close()
-    server.stop()
 
 
 def test_a_health_check_without_answer_costs_no_tick(

@@ -26,10 +26,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-import redis
 
 from tests.support.brokers import RabbitBroker
 from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.messages import queued_messages
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer, free_port
 from tests.test_cli import zkbeat
@@ -61,12 +61,7 @@ class LossyBroker:
     def queued(self) -> list[str]:
         """The zkbeat-slot header of every message in the default queue, oldest first."""
         if self.kind == "redis":
-            client = redis.Redis(port=self.server.port)
-            try:
-                raw = client.lrange("celery", 0, -1)
-            finally:
-                client.close()
-            return [json.loads(item)["headers"]["zkbeat-slot"] for item in reversed(raw)]
+            return [message["headers"]["zkbeat-slot"] for message in queued_messages(self.server.port, "celery")]
         return [h["zkbeat-slot"] for h in drain(self.rabbit, "celery")]
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -97,6 +98,28 @@ class Published:
 def lead(scheduler: Any, timeout: float = 15) -> None:
     """Wait until an in-process zkbeat scheduler leads."""
     assert scheduler.election.wait_for_leadership(timeout=timeout), "never became leader"
+
+
+def lead_until_published(
+    scheduler: Any, published: Published, names: Collection[str], times: int = 1, timeout: float = 60
+) -> None:
+    """Wait until ``scheduler`` leads, then run its ticks until each of ``names`` was published ``times`` times."""
+    lead(scheduler)
+    wait_for(
+        lambda: scheduler.tick() is not None and all(published.count(name) >= times for name in names),
+        timeout=timeout,
+        message=lambda: f"published fewer than {times} times: {sorted(n for n in names if published.count(n) < times)}",
+    )
+
+
+@contextmanager
+def connected(signal: Any, receiver: Callable[..., Any]) -> Iterator[None]:
+    """Run the block with ``receiver`` connected (strongly) to a Celery ``signal``, and disconnect it after."""
+    signal.connect(receiver, weak=False)
+    try:
+        yield
+    finally:
+        signal.disconnect(receiver)
 
 
 def fail_next_claim(scheduler: Any, monkeypatch: Any, error: BaseException, commit: bool = True) -> list:
