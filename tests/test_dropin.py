@@ -101,7 +101,8 @@ def test_with_wait_in_tick_off_tick_returns_the_seconds_to_wait_as_celerys_does(
     assert 0 < _tick_in_a_thread(leader) <= 600
     follower = make_scheduler({"hourly": _overdue_hourly()}, beat_max_loop_interval=600, identity="follower")
     follower.wait_in_tick = False
-    wait_for(lambda: len(follower.election.candidates()) == 2, timeout=15)
+    # Once its client connected: before its connection thread runs, kazoo answers "Connection has been closed".
+    wait_for(lambda: follower.zk_client.connected and len(follower.election.candidates()) == 2, timeout=15)
     assert _tick_in_a_thread(follower) == 600
 
 

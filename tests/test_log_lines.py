@@ -209,7 +209,8 @@ def test_a_lost_session_and_a_failing_step_down_are_taken_over_at_warning(
     lead(first)
     wait_for(lambda: first.tick() is not None and first.term is not None, timeout=15)
     second = make_scheduler({"often": every(0.2)}, identity="second", zkbeat_liveness=False)
-    wait_for(lambda: len(second.election.candidates()) == 2, timeout=15)
+    # Once its client connected: before its connection thread runs, kazoo answers "Connection has been closed".
+    wait_for(lambda: second.zk_client.connected and len(second.election.candidates()) == 2, timeout=15)
 
     def took_over(scheduler, row: Row, containing: str) -> None:
         def found() -> bool:
