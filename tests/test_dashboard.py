@@ -148,7 +148,7 @@ def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
         held = row(page, "held")
         held.query_selector(".note-input").fill(note)
         held.query_selector(".action-pause").click()
-        wait_for(lambda: row(page, "held").query_selector(".pause-note") is not None, timeout=5)
+        wait_for(lambda: row(page, "held").query_selector(".pause-note") is not None, timeout=20)
         assert row(page, "held").query_selector(".pause-note").text_content() == note
         paused_at = time.time()
         # Every claim of "held" before the pause is in the slot its znode holds now; none may follow (a claim
@@ -168,7 +168,7 @@ def test_pause_from_the_page_stops_the_entry_and_shows_its_note(
 
         row(page, "held").query_selector(".action-resume").click()
         wait_for(lambda: any(p.entry == "held" and p.at > time.time() - 2 for p in cluster.publishes()), timeout=15)
-        wait_for(lambda: row(page, "held").query_selector(".pause-note") is None, timeout=5)
+        wait_for(lambda: row(page, "held").query_selector(".pause-note") is None, timeout=20)
 
 
 def test_run_now_from_the_page_publishes_exactly_once(start: Callable[..., tuple[Cluster, Dashboard]]) -> None:
@@ -179,7 +179,7 @@ def test_run_now_from_the_page_publishes_exactly_once(start: Callable[..., tuple
         assert [p for p in cluster.publishes() if p.entry == "hourly"] == []
         row(page, "hourly").query_selector(".action-run").click()
         runs = wait_for(lambda: [p for p in cluster.publishes() if p.entry == "hourly"], timeout=15)
-        wait_for(lambda: "run now request-" in row(page, "hourly").inner_text(), timeout=5)
+        wait_for(lambda: "run now request-" in row(page, "hourly").inner_text(), timeout=20)
         # Let more ticks go by (the leader re-reads its triggers every pass): still one.
         seen = len(cluster.publishes())
         wait_for(lambda: len(cluster.publishes()) >= seen + 4, timeout=20)
