@@ -94,11 +94,24 @@ def test_status_shows_a_crontab_due_on_the_minute_and_epochs_only_for_the_leader
     wait_for(lambda: follower.election.candidate is not None)
     app = Celery("zkbeat-status", set_as_current=False)
     app.conf.update(zkbeat_hosts=zk_server.hosts, zkbeat_root=zk_root, beat_schedule=entries(app))
-    found = json.loads(run_cli(app, "status", "--json", monkeypatch=monkeypatch).stdout)
-    due = next(e for e in found["entries"] if e["name"] == "minutely")["next_due"]
+
+    def status() -> dict:
+        return json.loads(run_cli(app, "status", "--json", monkeypatch=monkeypatch).stdout)
+
+    def due_of(found: dict) -> str:
+        return next(e for e in found["entries"] if e["name"] == "minutely")["next_due"]
+
+    def in_one_minute() -> tuple[dict, str] | None:
+        """The JSON and the text of runs within one minute: the crontab never ran, so each run counts from its
+        own clock, and runs either side of a minute's end name next runs a minute apart."""
+        found = status()
+        text = run_cli(app, "status", monkeypatch=monkeypatch).stdout
+        return (found, text) if due_of(status()) == due_of(found) else None
+
+    found, text = wait_for(in_one_minute, timeout=30)
+    due = due_of(found)
     assert due.endswith(":00+00:00"), due
     assert [c["epoch"] for c in found["candidates"]] == [leader.election.epoch, None]
-    text = run_cli(app, "status", monkeypatch=monkeypatch).stdout
     row = next(line for line in text.splitlines() if line.strip().startswith("minutely"))
     assert f"{due[11:19]} (in" in row, (due, row)
     follower_row = next(line for line in text.splitlines() if "the-follower" in line)

@@ -57,7 +57,7 @@ def wait_for_new_leader(cluster: Cluster, old_pid: int, since: float, timeout: f
 def test_three_replicas_publish_each_tick_once(make_cluster: MakeCluster, zk_client: KazooClient) -> None:
     """Three replicas for 30 s: one publisher, every 1 s tick of every entry exactly once."""
     cluster = make_cluster(3).start()
-    wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())
+    wait_for(lambda: cluster.publishes(), timeout=60, message=lambda: cluster.logs())
     started = time.monotonic()
     wait_for(lambda: time.monotonic() - started > 30, timeout=40)
     rows = cluster.publishes()
@@ -72,7 +72,7 @@ def test_three_replicas_publish_each_tick_once(make_cluster: MakeCluster, zk_cli
 def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker) -> None:
     """kill -9 the leader three times: another takes over each time; nothing twice; nothing lost but in flight."""
     cluster = make_cluster(3, broker=broker.url).start()
-    first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
+    first = wait_for(lambda: cluster.publishes(), timeout=60, message=lambda: cluster.logs())[0]
     leader_pid = first.pid
     kills: list[tuple[int, float]] = []
     for _ in range(3):
@@ -99,7 +99,7 @@ def test_kill_9_of_the_leader_repeatedly(make_cluster: MakeCluster, zk_client: K
 def test_sigterm_hands_over_at_once(make_cluster: MakeCluster, zk_client: KazooClient, broker: TestBroker) -> None:
     """SIGTERM: the leader exits cleanly and the next replica, woken by its watch, misses no 1 s tick."""
     cluster = make_cluster(3, broker=broker.url, extra_env={"ZKBEAT_TEST_MAX_INTERVAL": "5"}).start()
-    first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
+    first = wait_for(lambda: cluster.publishes(), timeout=60, message=lambda: cluster.logs())[0]
     leader = next(r for r in cluster.replicas if r.pid == first.pid)
     wait_for(lambda: len(publishes_by(cluster, leader.pid)) >= 6, timeout=20)
     stopped_at = time.time()
@@ -118,7 +118,7 @@ def test_paused_zombie_leader_publishes_nothing_after_resuming(
 ) -> None:
     """SIGSTOP the leader past its session timeout, let another lead, SIGCONT: the zombie publishes nothing more."""
     cluster = make_cluster(3, broker=broker.url).start()
-    first = wait_for(lambda: cluster.publishes(), timeout=20, message=lambda: cluster.logs())[0]
+    first = wait_for(lambda: cluster.publishes(), timeout=60, message=lambda: cluster.logs())[0]
     zombie = next(r for r in cluster.replicas if r.pid == first.pid)
     wait_for(lambda: len(publishes_by(cluster, zombie.pid)) >= 3, timeout=20)
     paused_at = time.time()
@@ -140,7 +140,7 @@ def test_sigterm_between_commit_and_publish_loses_no_tick(
     """A SIGTERM landing after the ledger commit is held until the message is sent, then honoured."""
     cluster = make_cluster(0, schedule={"alpha": 1}, broker=broker.url)
     doomed = cluster.add({"ZKBEAT_TEST_SIGTERM_ON_PUBLISH": "1"})
-    wait_for(doomed.is_leader_by_log, timeout=20, message=doomed.log)
+    wait_for(doomed.is_leader_by_log, timeout=60, message=doomed.log)
     heir = cluster.add()
     assert doomed.wait() == 0, doomed.log()
     sent = publishes_by(cluster, doomed.pid)
@@ -156,7 +156,7 @@ def test_zookeeper_restart_under_a_running_leader(
 ) -> None:
     """ZooKeeper stopped for longer than the session timeout: publishing stops, then resumes; nothing twice."""
     cluster = make_cluster(2, hosts=zk_server_private.hosts).start()
-    wait_for(lambda: len(cluster.publishes()) >= 6, timeout=20, message=lambda: cluster.logs())
+    wait_for(lambda: len(cluster.publishes()) >= 6, timeout=60, message=lambda: cluster.logs())
     zk_server_private.stop()
     stopped_at = time.time()
     wait_for(lambda: time.time() - stopped_at > SESSION + 3, timeout=30)
@@ -180,7 +180,7 @@ def test_garbage_in_a_ledger_znode_is_logged_and_survived(
 ) -> None:
     """Bad bytes written by hand into a ledger entry: the leader logs the path and keeps publishing."""
     cluster = make_cluster(2, schedule={"alpha": 1}).start()
-    wait_for(lambda: len(cluster.publishes()) >= 2, timeout=20, message=lambda: cluster.logs())
+    wait_for(lambda: len(cluster.publishes()) >= 2, timeout=60, message=lambda: cluster.logs())
     path = f"{zk_root}/v1/entries/alpha"
     zk_client.set(path, b"\x00not json{")
     corrupted_at = time.time()

@@ -116,7 +116,7 @@ def test_leader_cut_off_from_zookeeper_but_not_from_the_broker(
     with TcpProxy(zk_server.port) as proxy:
         cluster = make_cluster(0, hosts=zk_server.hosts)
         cut = cluster.add({"ZKBEAT_HOSTS": proxy.hosts})
-        wait_for(cut.is_leader_by_log, timeout=20, message=cut.log)
+        wait_for(cut.is_leader_by_log, timeout=60, message=cut.log)
         cluster.add()
         cluster.add()
         settle(cluster, 6, 0)

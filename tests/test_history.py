@@ -138,7 +138,9 @@ def test_history_keeps_the_last_runs_across_a_kill_9_failover_with_their_kinds(
     assert len(lines) == 2 + RECENT_RUNS
     for line, run in zip(lines[2:], final):
         assert run.replica in line and f" {run.epoch} " in line and line.rstrip().endswith(run.kind)
-        assert run.slot.strftime("%Y-%m-%d %H:%M:") in line and "ago)" in line
+        # Shown to the nearest second: a slot at 11:34:59.7 reads 11:35:00.
+        shown = (run.slot + timedelta(microseconds=500_000)).replace(microsecond=0)
+        assert f"{shown:%Y-%m-%d %H:%M:%S} (" in line and "ago)" in line, (run.slot, line)
 
 
 def test_next_prints_the_fire_times_with_the_entrys_jitter(cluster: Cluster, zk_client: KazooClient) -> None:

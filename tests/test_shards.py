@@ -378,11 +378,11 @@ def test_a_shards_term_loads_and_holds_only_its_own_shards_ledger(make_scheduler
         assert set(term.known) == mine[shard.index], (shard.index, sorted(term.known))
 
 
-def test_a_replaced_schedule_is_read_again_in_every_shard(make_scheduler) -> None:
+def test_a_replaced_schedule_is_read_again_in_every_shard(make_scheduler, zk_root: str) -> None:
     """A host that replaces its whole schedule (a DatabaseScheduler taking back the schedule it set aside does so
     from beat's loop, outside any shard's part) has every shard's term read the ledger again and every heap rebuilt,
     not only the shard whose state happened to be current."""
-    entries = {f"e{n}": every(1, n) for n in range(8)}
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=4))}
     scheduler = make_scheduler(entries, zkbeat_shards=2)
     lead_every_shard(scheduler)
     wait_for(

@@ -58,7 +58,7 @@ def test_skewed_replicas_lead_in_line_order_and_publish_nothing_twice(
     try:
         for n, skew in enumerate(skews, start=1):
             cluster.add(faketime_env(skew))
-            wait_for(lambda n=n: len(candidates(zk_client, zk_root)) == n, timeout=20, message=lambda: cluster.logs())
+            wait_for(lambda n=n: len(candidates(zk_client, zk_root)) == n, timeout=60, message=lambda: cluster.logs())
         for replica in cluster.replicas:
             wait_for(
                 lambda r=replica: len([p for p in cluster.publishes() if p.identity == r.identity]) >= 6,
@@ -110,9 +110,9 @@ def test_a_leader_far_ahead_hands_over_and_no_entry_waits_for_its_clock(
     )
     try:
         fast = cluster.add(faketime_env(ahead))
-        wait_for(lambda: len(candidates(zk_client, zk_root)) == 1, timeout=20, message=cluster.logs)
+        wait_for(lambda: len(candidates(zk_client, zk_root)) == 1, timeout=60, message=cluster.logs)
         right = cluster.add({"ZKBEAT_TEST_METRICS_PORT": str(port)})
-        wait_for(lambda: len(candidates(zk_client, zk_root)) == 2, timeout=20, message=cluster.logs)
+        wait_for(lambda: len(candidates(zk_client, zk_root)) == 2, timeout=60, message=cluster.logs)
 
         def rows_of(replica) -> list:
             return [p for p in cluster.publishes() if p.identity == replica.identity]

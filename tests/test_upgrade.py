@@ -133,10 +133,10 @@ def test_rolling_upgrade_with_real_replicas(
     )
     try:
         cluster.start()
-        wait_for(lambda: len(cluster.publishes()) >= 4, timeout=20, message=lambda: cluster.logs())
+        wait_for(lambda: len(cluster.publishes()) >= 4, timeout=60, message=lambda: cluster.logs())
         leader = cluster.leader()
         changed = cluster.add({"ZKBEAT_TEST_SCHEDULE": json.dumps({"alpha": 1, "beta": 2})})
-        wait_for(lambda: "runs a different schedule" in leader.log(), timeout=20, message=leader.log)
+        wait_for(lambda: "runs a different schedule" in leader.log(), timeout=60, message=leader.log)
         assert changed.identity in leader.log()
         newer = zk_client.create(
             f"{zk_root}/v1/election/candidate-{'0' * 32}-",
