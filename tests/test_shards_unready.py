@@ -21,6 +21,7 @@ from kazoo.security import make_digest_acl
 import zkbeat.coordination.shards as shards_module
 import zkbeat.leading.leadership as leadership_module
 import zkbeat.leading.sharded as sharded_module
+from tests.support.browser import Dashboard, browser_page
 from tests.support.helpers import Published, every, names_in_every_shard, wait_for
 from tests.support.servers import free_port
 from tests.test_shards import lead_every_shard, zkbeat
@@ -266,3 +267,51 @@ def test_an_unready_listing_zkbeat_may_not_read_or_write_stops_nothing(
     assert any("may not be written" in line and unready_path(zk_root) in line for line in said), said
     assert any("may not be listed" in line for line in said), said
     assert len(said) == 2, said  # each once, however many passes
+
+
+def test_the_dashboard_shows_a_replica_that_cannot_lead_and_why_until_it_can(
+    make_scheduler, zk_server, redis_server, zk_root: str, tmp_path, quick: None
+) -> None:
+    """The dashboard (its JSON and the page in chromium) marks the replica that said it cannot lead, with its
+    reason, in the replicas table, and drops the mark once the replica can lead, without a reload."""
+    settings = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    replica = make_scheduler({"a": every(1)}, identity="the-replica", **settings)
+    replica.schedule_readable = lambda: False
+    lead_every_shard(replica)
+    env = {
+        "ZKBEAT_HOSTS": zk_server.hosts,
+        "ZKBEAT_TEST_BROKER": redis_server.url,
+        "ZKBEAT_TEST_ROOT": zk_root,
+        "ZKBEAT_TEST_CONF": json.dumps({"zkbeat_shards": 2}),
+    }
+    with Loop(replica):
+        # Both terms saw their schedule load (which unmarks a replica) before the test marks it.
+        wait_for(lambda: all(s.term is not None and s._unloaded_since is None for s in replica._shards), timeout=30)
+        dashboard = Dashboard(env, tmp_path)
+        try:
+            dashboard.wait_ready()
+            with browser_page() as page:
+                page.goto(dashboard.url)
+                wait_for(lambda: page.query_selector("#candidates tbody tr"), timeout=30)
+                assert page.query_selector("#candidates tbody tr.unready") is None
+
+                replica._fair_share.mark_unready("its schedule did not load in 30s as leader")
+                wait_for(
+                    lambda: page.query_selector("#candidates tbody tr.unready"),
+                    timeout=30,
+                    message=lambda: page.inner_text("#candidates"),
+                )
+                text = page.inner_text("#candidates tbody tr.unready")
+                assert "the-replica" in text and "not ready to lead: its schedule did not load" in text, text
+                (candidate,) = dashboard.state()["shards"][0]["candidates"]
+                assert candidate["unready"] == "its schedule did not load in 30s as leader", candidate
+
+                replica._fair_share.mark_ready()
+                wait_for(
+                    lambda: page.query_selector("#candidates tbody tr.unready") is None,
+                    timeout=30,
+                    message=lambda: page.inner_text("#candidates"),
+                )
+                assert dashboard.state()["shards"][0]["candidates"][0]["unready"] is None
+        finally:
+            dashboard.stop()

@@ -299,15 +299,20 @@ def read_shards(client: KazooClient, root: str, shards: int) -> list[ShardStatus
     return found
 
 
-def read_unready(client: KazooClient, root: str) -> dict[str, str]:
+def read_unready(client: KazooClient, root: str, watch: Any = None) -> dict[str, str]:
     """Replica id -> why, for each replica that said it cannot lead now (zkbeat.coordination.shards.unready_path).
 
-    What is unreadable or malformed there says "unknown": the mark itself is what counts.
+    What is unreadable or malformed there says "unknown": the mark itself is what counts. ``watch`` is set on
+    the listing (or on its creation, while there is none).
     """
     path = _shards.unready_path(root.rstrip("/"))
     try:
-        children = client.get_children(path)
-    except (NoNodeError, NoAuthError):
+        children = client.get_children(path, watch=watch)
+    except NoNodeError:
+        if watch is not None and client.exists(path, watch=watch) is not None:
+            return read_unready(client, root, watch)  # made between the two reads
+        return {}
+    except NoAuthError:
         return {}
     found = {}
     for child in children:
