@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 from kazoo.security import make_digest_acl
 
 import zkbeat.coordination.shards as shards_module
@@ -26,7 +27,7 @@ from tests.support.servers import free_port
 from tests.test_shards import lead_every_shard, zkbeat
 from tests.test_shards_review import Loop, count_terms
 from zkbeat.coordination.candidates import CandidateReader
-from zkbeat.coordination.shards import REPLICA_KEY, Move, election_path, rebalance, unready_path
+from zkbeat.coordination.shards import REPLICA_KEY, FairShare, Move, election_path, rebalance, unready_path
 
 # -- the rule -------------------------------------------------------------------
 
@@ -266,3 +267,47 @@ def test_an_unready_listing_zkbeat_may_not_read_or_write_stops_nothing(
     assert any("may not be written" in line and unready_path(zk_root) in line for line in said), said
     assert any("may not be listed" in line for line in said), said
     assert len(said) == 2, said  # each once, however many passes
+
+
+class _ListingFailsOnce:
+    """A real client whose next listing of ``path`` fails as a broken connection would (ConnectionLoss)."""
+
+    def __init__(self, client: KazooClient, path: str) -> None:
+        self._client = client
+        self._path = path
+        self.failed = False
+
+    def get_children(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == self._path and not self.failed:
+            self.failed = True
+            raise ConnectionLoss()
+        return self._client.get_children(path, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_listing_read_cut_by_the_connection_is_read_again_at_the_next_pass(
+    make_scheduler, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A replica marks itself; the re-read its watch calls for loses the connection while listing the marks
+    (after the lines were read). The next pass must read again and see the mark: else the lines and marks
+    read before stay this replica's picture until some line changes (in a cluster standing still, never), and
+    it hands shards to a replica that cannot lead, or none to one that can again."""
+    leader = make_scheduler({"a": every(1)}, identity="leader", zkbeat_shards=2)
+    lead_every_shard(leader)
+    paths = [election_path(zk_root, k, 2) for k in range(2)]
+    share = FairShare(zk_client, paths, "f" * 32, unready=unready_path(zk_root))
+    assert share.lines() == {0: (leader._replica,), 1: (leader._replica,)}
+    assert share.unready() == frozenset()
+    changes = share.changes
+    other = "b" * 32
+    zk_client.create(f"{unready_path(zk_root)}/{other}", b"{}", ephemeral=True, makepath=True)
+    wait_for(lambda: share.changes > changes, timeout=30, message="the listing's watch never fired")
+    cut = _ListingFailsOnce(zk_client, unready_path(zk_root))
+    share._client = cut
+    with pytest.raises(ConnectionLoss):
+        share.lines()
+    assert cut.failed
+    share.lines()
+    assert share.unready() == frozenset({other})

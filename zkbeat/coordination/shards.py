@@ -311,12 +311,12 @@ class FairShare:
                     lines[shard] = tuple(
                         str(c.data[REPLICA_KEY]) for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)
                     )
+                unready = self._read_unready()  # in the guard too: a cut listing is read again, lines and all
             except BaseException:
                 self._changed.set()  # read again at the next pass
                 raise
             if not all(lines.values()):
                 self._changed.set()  # an election not made yet sets no watch: read again at the next pass
-            unready = self._read_unready()
             if lines != self._lines or unready != self._unready:
                 self._lines, self._unready = lines, unready
                 self._since = self._clock()
