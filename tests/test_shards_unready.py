@@ -311,3 +311,57 @@ def test_a_listing_read_cut_by_the_connection_is_read_again_at_the_next_pass(
     assert cut.failed
     share.lines()
     assert share.unready() == frozenset({other})
+
+
+def test_an_older_replica_that_steps_back_for_one_marked_unready_is_not_passed_again_and_again(
+    make_scheduler, zk_root: str, quick: None
+) -> None:
+    """Mixed releases: ``old`` ignores the listing (as a release before the mark does), so, at its share and
+    next in line of ``a``'s shard, it steps back for ``unready``, which leads none. ``unready`` stepping back
+    again for it would make the two swap places for as long as it cannot lead (each swap a write to that
+    election and a wake of every replica, every few seconds). Once ``old`` gave way to it, it keeps the place."""
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    a = make_scheduler(entries, identity="a", **settings)
+    lead_every_shard(a)
+    old = make_scheduler(entries, identity="old", **settings)
+    old._fair_share._unready_path = None  # reads no listing, writes no mark: an older release
+
+    def moves_of(scheduler: Any) -> tuple[list[Move], list[int]]:
+        share = scheduler._fair_share
+        made: list[Move] = []
+        settled: list[int] = []  # passes asked with the lines standing still (a move could be made)
+        decide = share.decide
+
+        def counted() -> Move | None:
+            now = share._clock()
+            if now - share._since >= shards_module.SETTLE_TIME and now - share._moved_at >= shards_module.SETTLE_TIME:
+                settled.append(1)
+            move = decide()
+            if move is not None:
+                made.append(move)
+            return move
+
+        share.decide = counted
+        return made, settled
+
+    with Loop(a), Loop(old):
+        wait_for(
+            lambda: sum(s.election.leadership is not None for s in old._shards) == 1,
+            timeout=60,
+            message="old never got its share",
+        )
+        # Joins now, behind both: never handed a shard (each leads its share), never leading.
+        unready = make_scheduler(entries, identity="unready", **settings)
+        unready.schedule_loaded = lambda: False
+        unready.schedule_readable = lambda: False
+        unready._fair_share.mark_unready("test: cannot lead")
+        old_moves, _ = moves_of(old)
+        unready_moves, unready_settled = moves_of(unready)
+        with Loop(unready):
+            wait_for(
+                lambda: len(old_moves) >= 4 or len(unready_settled) >= 40,
+                timeout=120,
+                message=lambda: f"old moved {old_moves}, unready moved {unready_moves}",
+            )
+    assert len(old_moves) <= 2 and len(unready_moves) <= 1, (old_moves, unready_moves)

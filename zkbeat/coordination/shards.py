@@ -293,6 +293,13 @@ class FairShare:
         self._handed: dict[int, tuple[str, float]] = {}
         #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
         self._failed: dict[str, float] = {}
+        #: Shard -> replica -> the sequence of its candidate there, as last read.
+        self._sequences: dict[int, dict[str, int]] = {}
+        #: While unready: shard -> (this one's candidate's sequence when it stepped back there, the replicas it
+        #: stepped back behind).
+        self._passed: dict[int, tuple[int, frozenset[str]]] = {}
+        #: While unready: replica -> until when this one does not step back for it (it gave way to this one).
+        self._gave_way: dict[str, float] = {}
 
     def _on_change(self, event: WatchedEvent) -> None:
         self._changed.set()
@@ -305,18 +312,20 @@ class FairShare:
         if self._changed.is_set():
             self._changed.clear()
             lines = {}
+            sequences = {}
             try:
                 for shard, reader in enumerate(self._readers):
                     line = reader.read(watch=self._on_change)
-                    lines[shard] = tuple(
-                        str(c.data[REPLICA_KEY]) for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)
-                    )
+                    kept = [c for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)]
+                    lines[shard] = tuple(str(c.data[REPLICA_KEY]) for c in kept)
+                    sequences[shard] = {str(c.data[REPLICA_KEY]): c.sequence for c in kept}
                 unready = self._read_unready()  # in the guard too: a cut listing is read again, lines and all
             except BaseException:
                 self._changed.set()  # read again at the next pass
                 raise
             if not all(lines.values()):
                 self._changed.set()  # an election not made yet sets no watch: read again at the next pass
+            self._sequences = sequences
             if lines != self._lines or unready != self._unready:
                 self._lines, self._unready = lines, unready
                 self._since = self._clock()
@@ -397,15 +406,45 @@ class FairShare:
         if now - self._since < SETTLE_TIME or now - self._moved_at < SETTLE_TIME:
             return None
         self._note_lost_handovers(lines, now)
+        self._note_gave_way(lines, now)
         move = rebalance(lines, self.me, self.shards, self._excluded(now), self._unready)
         if move is not None:
             self._moved_at = now
             if move.lead:
                 self._handed[move.shard] = (lines[move.shard][1], now)
+            elif self.me in self._unready:
+                mine = self._sequences.get(move.shard, {}).get(self.me, -1)
+                self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
         return move
 
     def _excluded(self, now: float) -> set[str]:
-        return {replica for replica, until in self._failed.items() if until > now}
+        excluded = {replica for replica, until in self._failed.items() if until > now}
+        if self.me in self._unready:
+            excluded |= {replica for replica, until in self._gave_way.items() if until > now}
+        return excluded
+
+    def _note_gave_way(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
+        """While unready: a replica this one stepped back behind, now behind it again in that line, gave way to it.
+
+        A release before the unready mark steps back for a replica that
+        leads fewer shards than its share, marked or not; were this one to
+        step back for it again, the two would swap places in that line for
+        as long as this one cannot lead. Told by the candidates' sequences:
+        this one's candidate there is newer than when it stepped back (it
+        did), and that replica's is newer still (it joined again after).
+        This one keeps the place it was given, for FAILED_TARGET_TIME or
+        until it can lead.
+        """
+        if self.me not in self._unready:
+            self._passed.clear()
+            self._gave_way.clear()
+            return
+        for shard, (before, passed) in self._passed.items():
+            line = lines.get(shard, ())
+            if len(line) > 2 and line[1] == self.me and self._sequences.get(shard, {}).get(self.me, -1) > before:
+                for replica in passed.intersection(line[2:]):
+                    self._gave_way[replica] = now + FAILED_TARGET_TIME
+        self._gave_way = {replica: until for replica, until in self._gave_way.items() if until > now}
 
     def _note_lost_handovers(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
         """A replica out of the line of a shard this one handed it, and in others' lines: hand it no other for a while.
