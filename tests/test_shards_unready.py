@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -365,3 +366,58 @@ def test_an_older_replica_that_steps_back_for_one_marked_unready_is_not_passed_a
                 message=lambda: f"old moved {old_moves}, unready moved {unready_moves}",
             )
     assert len(old_moves) <= 2 and len(unready_moves) <= 1, (old_moves, unready_moves)
+
+
+def test_a_stranger_s_ephemeral_listing_that_takes_no_marks_stops_no_step_back(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None, caplog
+) -> None:
+    """``<root>/v1/unready`` made ephemeral by someone else: no child can be made under it, so a replica that
+    must mark itself cannot. It says so once, by name, and still steps back where it is next in a line with
+    one that can lead behind it (before, the failed mark dropped every move the fair share made it, said at
+    DEBUG only). ``leader`` leads both shards and never ticks (it never moves)."""
+    zk_client.ensure_path(f"{zk_root}/v1")
+    zk_client.create(unready_path(zk_root), ephemeral=True)
+    settings: dict[str, Any] = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    entries = {"a": every(1)}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    unready = make_scheduler(entries, identity="unready", **settings)
+    unready.schedule_loaded = lambda: False
+    unready.schedule_readable = lambda: False
+    unready._fair_share.mark_unready("test: cannot lead")
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    ready = make_scheduler(entries, identity="ready", **settings)
+    with caplog.at_level(logging.ERROR, logger="zkbeat"), Loop(unready), Loop(ready):
+        wait_for(
+            lambda: all(
+                len(line) == 3 and line[-1] == unready._replica for line in lines_of(zk_client, zk_root, 2).values()
+            ),
+            timeout=60,
+            message=lambda: repr(lines_of(zk_client, zk_root, 2)),
+        )
+        wait_for(lambda: any(unready_path(zk_root) in r.getMessage() for r in caplog.records), timeout=30)
+    said = [r.getMessage() for r in caplog.records if unready_path(zk_root) in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """What docs/how-it-works.md says of ``<root>/v1/unready/<replica id>``: ephemeral, JSON {why, since}; and
+    docs/sharding.md: a replica that stops leaves none behind. ``leader`` leads both shards (never ticking),
+    so the marked replica leads nothing that could unmark it."""
+    settings: dict[str, Any] = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler({"a": every(1)}, identity="leader", **settings)
+    lead_every_shard(leader)
+    replica = make_scheduler({"a": every(1)}, identity="r", **settings)
+    replica.schedule_readable = lambda: False
+    replica._fair_share.mark_unready("test: cannot lead")
+    mark = f"{unready_path(zk_root)}/{replica._replica}"
+    with Loop(replica):
+        wait_for(lambda: zk_client.exists(mark), timeout=30, message="no unready mark")
+        raw, stat = zk_client.get(mark)
+        assert stat.ephemeralOwner == replica.zk_client.client_id[0]
+        data = json.loads(raw)
+        assert data["why"] == "test: cannot lead"
+        assert isinstance(data["since"], float) and abs(data["since"] - time.time()) < 3600, data
+    wait_for(lambda: zk_client.exists(mark) is None, timeout=30, message="the mark outlived its replica")

@@ -70,7 +70,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+    ZookeeperError,
+)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
@@ -280,6 +287,7 @@ class FairShare:
         self.unready_why: str | None = None
         self._unreadable_said = False
         self._denied_said = False
+        self._refused_said = False
         self._clock = clock
         self._changed = threading.Event()
         self._changed.set()
@@ -356,6 +364,11 @@ class FairShare:
             return frozenset()
         return frozenset(child for child in children if _REPLICA_ID.match(child))
 
+    def _unready_now(self) -> frozenset[str]:
+        """The listing as read, with this replica as it knows itself: its mark may be unwritten yet, or refused."""
+        others = self._unready - {self.me}
+        return others | {self.me} if self.unready_why is not None else others
+
     def mark_unready(self, why: str) -> None:
         """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it)."""
         self.unready_why = why
@@ -368,7 +381,8 @@ class FairShare:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
 
         Called every pass: a mark lost with a session is written again, one
-        left by a failed delete is deleted again. Raises ZooKeeper's errors.
+        left by a failed delete is deleted again. A mark ZooKeeper refuses
+        (NoAuth, a stranger's znode) is said once; raises a broken connection.
         """
         if self._unready_path is None:
             return
@@ -398,6 +412,20 @@ class FairShare:
                     "are not told that it cannot lead now; check zkbeat_auth",
                     path,
                 )
+        except (ConnectionLoss, SessionExpiredError):
+            raise
+        except ZookeeperError as exc:
+            # ZooKeeper refuses it for good (someone else's ephemeral znode where the listing should be:
+            # no child may be made under it): as above, said once and tried again at each pass.
+            if not self._refused_said:
+                self._refused_said = True
+                logger.error(
+                    "zkbeat: %s cannot be written (%r): other replicas are not told that it cannot lead now; "
+                    "is %s someone else's znode?",
+                    path,
+                    exc,
+                    self._unready_path,
+                )
 
     def decide(self) -> Move | None:
         """This replica's move now, or None (still settling, held off, or fair already)."""
@@ -407,19 +435,19 @@ class FairShare:
             return None
         self._note_lost_handovers(lines, now)
         self._note_gave_way(lines, now)
-        move = rebalance(lines, self.me, self.shards, self._excluded(now), self._unready)
+        move = rebalance(lines, self.me, self.shards, self._excluded(now), self._unready_now())
         if move is not None:
             self._moved_at = now
             if move.lead:
                 self._handed[move.shard] = (lines[move.shard][1], now)
-            elif self.me in self._unready:
+            elif self.unready_why is not None:
                 mine = self._sequences.get(move.shard, {}).get(self.me, -1)
                 self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
         return move
 
     def _excluded(self, now: float) -> set[str]:
         excluded = {replica for replica, until in self._failed.items() if until > now}
-        if self.me in self._unready:
+        if self.unready_why is not None:
             excluded |= {replica for replica, until in self._gave_way.items() if until > now}
         return excluded
 
@@ -435,7 +463,7 @@ class FairShare:
         This one keeps the place it was given, for FAILED_TARGET_TIME or
         until it can lead.
         """
-        if self.me not in self._unready:
+        if self.unready_why is None:
             self._passed.clear()
             self._gave_way.clear()
             return
@@ -471,7 +499,7 @@ class FairShare:
         A replica whose shards have nothing due sleeps up to max_interval;
         this bounds that sleep, so a move waits out SETTLE_TIME, not the sleep.
         """
-        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock()), self._unready) is None:
+        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock()), self._unready_now()) is None:
             return math.inf
         now = self._clock()
         left = max(SETTLE_TIME - (now - self._since), SETTLE_TIME - (now - self._moved_at))

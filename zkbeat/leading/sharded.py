@@ -140,10 +140,13 @@ class ShardedLoop:
             return
         try:
             move = fair_share.decide()
-            fair_share.keep_mark()
         except ZOOKEEPER_ERRORS as exc:
             logger.debug("zkbeat: could not read the shards' lines: %r", exc)
-            return
+            move = None
+        try:
+            fair_share.keep_mark()  # apart: a mark that cannot be written holds up no move
+        except ZOOKEEPER_ERRORS as exc:
+            logger.debug("zkbeat: could not write this replica's unready mark: %r", exc)
         if move is None:
             return
         shard = self._shards[move.shard]
