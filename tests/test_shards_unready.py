@@ -302,7 +302,7 @@ def test_a_listing_read_cut_by_the_connection_is_read_again_at_the_next_pass(
     assert share.lines() == {0: (leader._replica,), 1: (leader._replica,)}
     assert share.unready() == frozenset()
     changes = share.changes
-    other = "b" * 32
+    other = leader._replica  # its mark, as it would write it
     zk_client.create(f"{unready_path(zk_root)}/{other}", b"{}", ephemeral=True, makepath=True)
     wait_for(lambda: share.changes > changes, timeout=30, message="the listing's watch never fired")
     cut = _ListingFailsOnce(zk_client, unready_path(zk_root))
@@ -421,3 +421,27 @@ def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
         assert data["why"] == "test: cannot lead"
         assert isinstance(data["since"], float) and abs(data["since"] - time.time()) < 3600, data
     wait_for(lambda: zk_client.exists(mark) is None, timeout=30, message="the mark outlived its replica")
+
+
+def test_a_stranger_s_child_in_the_unready_listing_holds_up_no_move(
+    make_scheduler, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A child named like a replica id but naming no replica in line (a stranger's, a tool's copy of an old
+    mark) is no change of the picture: it does not start the fair share's SETTLE_TIME again. Else someone who
+    makes and deletes such children more often than that holds every replica's moves up for as long as they
+    do. The clock here is the test's: the lines stood still long ago, and a move is due (``first`` leads both
+    shards, ``second`` none)."""
+    settings: dict[str, Any] = {"zkbeat_shards": 2}
+    first = make_scheduler({"a": every(1)}, identity="first", **settings)
+    lead_every_shard(first)
+    second = make_scheduler({"a": every(1)}, identity="second", **settings)
+    paths = [election_path(zk_root, k, 2) for k in range(2)]
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    now = [0.0]
+    share = FairShare(zk_client, paths, first._replica, unready=unready_path(zk_root), clock=lambda: now[0])
+    assert share.lines() == {k: (first._replica, second._replica) for k in range(2)}
+    now[0] = 100.0
+    changes = share.changes
+    zk_client.create(f"{unready_path(zk_root)}/{'0' * 32}", makepath=True)
+    wait_for(lambda: share.changes > changes, timeout=30, message="the listing's watch never fired")
+    assert share.decide() == Move(1, True, "fair share: leads 2 of 2 shards, 2 replicas")

@@ -328,6 +328,9 @@ class FairShare:
                     lines[shard] = tuple(str(c.data[REPLICA_KEY]) for c in kept)
                     sequences[shard] = {str(c.data[REPLICA_KEY]): c.sequence for c in kept}
                 unready = self._read_unready()  # in the guard too: a cut listing is read again, lines and all
+                # A child naming no replica in line counts for nobody: a stranger's churn there is no change.
+                listed = {replica for line in lines.values() for replica in line} | {self.me}
+                unready = unready & listed
             except BaseException:
                 self._changed.set()  # read again at the next pass
                 raise
