@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -445,3 +446,34 @@ def test_a_stranger_s_child_in_the_unready_listing_holds_up_no_move(
     zk_client.create(f"{unready_path(zk_root)}/{'0' * 32}", makepath=True)
     wait_for(lambda: share.changes > changes, timeout=30, message="the listing's watch never fired")
     assert share.decide() == Move(1, True, "fair share: leads 2 of 2 shards, 2 replicas")
+
+
+def test_a_probe_that_hangs_is_a_hung_leader_to_the_watchdog(
+    make_scheduler, zk_root: str, published: Published, quick: None
+) -> None:
+    """``a`` still leads a shard whose rows loaded, and is marked unready (another shard's did not): its probe
+    of the schedule hangs (a query to a database that does not answer). Its loop publishes nothing meanwhile,
+    so the watchdog must step it down after zkbeat_stall_timeout, as for a query hung in a leader pass, and
+    ``b`` lead every shard; before, the probe ran outside any leader pass, and ``a`` kept its shard, silent."""
+    entries = {name: every(0.5, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 5.5, "beat_max_loop_interval": 0.2}
+    a = make_scheduler(entries, identity="a", **settings)
+    lead_every_shard(a)
+    b = make_scheduler(entries, identity="b", **settings)
+    release = threading.Event()
+    a.schedule_readable = lambda: release.wait(120) and False
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(Loop(a))
+        stack.enter_context(Loop(b))
+        stack.callback(release.set)  # first out: a's loop ends at once
+        wait_for(
+            lambda: sum(s.election.leadership is not None for s in b._shards) == 1,
+            timeout=60,
+            message="b never got its share",
+        )
+        a._fair_share.mark_unready("test: cannot lead")
+        wait_for(
+            lambda: all(s.election.leadership is not None for s in b._shards),
+            timeout=60,
+            message="a kept its shard while its probe hung",
+        )

@@ -187,7 +187,8 @@ class ShardedLoop:
             return
         self._ready_probe_at = now + READY_PROBE
         try:
-            readable = self.schedule_readable()
+            with self.leader_pass():  # a probe that hangs holds up the shards led here: the watchdog times it
+                readable = self.schedule_readable()
         except Exception as exc:  # a host's probe that raises: not readable, asked again later
             logger.debug("zkbeat: schedule_readable() raised %r", exc)
             readable = False
