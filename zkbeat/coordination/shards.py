@@ -379,6 +379,7 @@ class FairShare:
     def mark_ready(self) -> None:
         """Say that this replica can lead again (:meth:`keep_mark` deletes the mark)."""
         self.unready_why = None
+        self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
 
     def keep_mark(self) -> None:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
@@ -467,8 +468,7 @@ class FairShare:
         until it can lead.
         """
         if self.unready_why is None:
-            self._passed.clear()
-            self._gave_way.clear()
+            self._passed, self._gave_way = {}, {}
             return
         for shard, (before, passed) in self._passed.items():
             line = lines.get(shard, ())
