@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
+import time
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 from kazoo.security import make_digest_acl
 
 import zkbeat.coordination.shards as shards_module
@@ -27,7 +30,7 @@ from tests.support.servers import free_port
 from tests.test_shards import lead_every_shard, zkbeat
 from tests.test_shards_review import Loop, count_terms
 from zkbeat.coordination.candidates import CandidateReader
-from zkbeat.coordination.shards import REPLICA_KEY, Move, election_path, rebalance, unready_path
+from zkbeat.coordination.shards import REPLICA_KEY, FairShare, Move, election_path, rebalance, unready_path
 
 # -- the rule -------------------------------------------------------------------
 
@@ -315,3 +318,211 @@ def test_the_dashboard_shows_a_replica_that_cannot_lead_and_why_until_it_can(
                 assert dashboard.state()["shards"][0]["candidates"][0]["unready"] is None
         finally:
             dashboard.stop()
+
+
+class _ListingFailsOnce:
+    """A real client whose next listing of ``path`` fails as a broken connection would (ConnectionLoss)."""
+
+    def __init__(self, client: KazooClient, path: str) -> None:
+        self._client = client
+        self._path = path
+        self.failed = False
+
+    def get_children(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == self._path and not self.failed:
+            self.failed = True
+            raise ConnectionLoss()
+        return self._client.get_children(path, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_listing_read_cut_by_the_connection_is_read_again_at_the_next_pass(
+    make_scheduler, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A replica marks itself; the re-read its watch calls for loses the connection while listing the marks
+    (after the lines were read). The next pass must read again and see the mark: else the lines and marks
+    read before stay this replica's picture until some line changes (in a cluster standing still, never), and
+    it hands shards to a replica that cannot lead, or none to one that can again."""
+    leader = make_scheduler({"a": every(1)}, identity="leader", zkbeat_shards=2)
+    lead_every_shard(leader)
+    paths = [election_path(zk_root, k, 2) for k in range(2)]
+    share = FairShare(zk_client, paths, "f" * 32, unready=unready_path(zk_root))
+    assert share.lines() == {0: (leader._replica,), 1: (leader._replica,)}
+    assert share.unready() == frozenset()
+    changes = share.changes
+    other = leader._replica  # its mark, as it would write it
+    zk_client.create(f"{unready_path(zk_root)}/{other}", b"{}", ephemeral=True, makepath=True)
+    wait_for(lambda: share.changes > changes, timeout=30, message="the listing's watch never fired")
+    cut = _ListingFailsOnce(zk_client, unready_path(zk_root))
+    share._client = cut
+    with pytest.raises(ConnectionLoss):
+        share.lines()
+    assert cut.failed
+    share.lines()
+    assert share.unready() == frozenset({other})
+
+
+def test_an_older_replica_that_steps_back_for_one_marked_unready_is_not_passed_again_and_again(
+    make_scheduler, zk_root: str, quick: None
+) -> None:
+    """Mixed releases: ``old`` ignores the listing (as a release before the mark does), so, at its share and
+    next in line of ``a``'s shard, it steps back for ``unready``, which leads none. ``unready`` stepping back
+    again for it would make the two swap places for as long as it cannot lead (each swap a write to that
+    election and a wake of every replica, every few seconds). Once ``old`` gave way to it, it keeps the place."""
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    a = make_scheduler(entries, identity="a", **settings)
+    lead_every_shard(a)
+    old = make_scheduler(entries, identity="old", **settings)
+    old._fair_share._unready_path = None  # reads no listing, writes no mark: an older release
+
+    def moves_of(scheduler: Any) -> tuple[list[Move], list[int]]:
+        share = scheduler._fair_share
+        made: list[Move] = []
+        settled: list[int] = []  # passes asked with the lines standing still (a move could be made)
+        decide = share.decide
+
+        def counted() -> Move | None:
+            now = share._clock()
+            if now - share._since >= shards_module.SETTLE_TIME and now - share._moved_at >= shards_module.SETTLE_TIME:
+                settled.append(1)
+            move = decide()
+            if move is not None:
+                made.append(move)
+            return move
+
+        share.decide = counted
+        return made, settled
+
+    with Loop(a), Loop(old):
+        wait_for(
+            lambda: sum(s.election.leadership is not None for s in old._shards) == 1,
+            timeout=60,
+            message="old never got its share",
+        )
+        # Joins now, behind both: never handed a shard (each leads its share), never leading.
+        unready = make_scheduler(entries, identity="unready", **settings)
+        unready.schedule_loaded = lambda: False
+        unready.schedule_readable = lambda: False
+        unready._fair_share.mark_unready("test: cannot lead")
+        old_moves, _ = moves_of(old)
+        unready_moves, unready_settled = moves_of(unready)
+        with Loop(unready):
+            wait_for(
+                lambda: len(old_moves) >= 4 or len(unready_settled) >= 40,
+                timeout=120,
+                message=lambda: f"old moved {old_moves}, unready moved {unready_moves}",
+            )
+    assert len(old_moves) <= 2 and len(unready_moves) <= 1, (old_moves, unready_moves)
+
+
+def test_a_stranger_s_ephemeral_listing_that_takes_no_marks_stops_no_step_back(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None, caplog
+) -> None:
+    """``<root>/v1/unready`` made ephemeral by someone else: no child can be made under it, so a replica that
+    must mark itself cannot. It says so once, by name, and still steps back where it is next in a line with
+    one that can lead behind it (before, the failed mark dropped every move the fair share made it, said at
+    DEBUG only). ``leader`` leads both shards and never ticks (it never moves)."""
+    zk_client.ensure_path(f"{zk_root}/v1")
+    zk_client.create(unready_path(zk_root), ephemeral=True)
+    settings: dict[str, Any] = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    entries = {"a": every(1)}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    unready = make_scheduler(entries, identity="unready", **settings)
+    unready.schedule_loaded = lambda: False
+    unready.schedule_readable = lambda: False
+    unready._fair_share.mark_unready("test: cannot lead")
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    ready = make_scheduler(entries, identity="ready", **settings)
+    with caplog.at_level(logging.ERROR, logger="zkbeat"), Loop(unready), Loop(ready):
+        wait_for(
+            lambda: all(
+                len(line) == 3 and line[-1] == unready._replica for line in lines_of(zk_client, zk_root, 2).values()
+            ),
+            timeout=60,
+            message=lambda: repr(lines_of(zk_client, zk_root, 2)),
+        )
+        wait_for(lambda: any(unready_path(zk_root) in r.getMessage() for r in caplog.records), timeout=30)
+    said = [r.getMessage() for r in caplog.records if unready_path(zk_root) in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """What docs/how-it-works.md says of ``<root>/v1/unready/<replica id>``: ephemeral, JSON {why, since}; and
+    docs/sharding.md: a replica that stops leaves none behind. ``leader`` leads both shards (never ticking),
+    so the marked replica leads nothing that could unmark it."""
+    settings: dict[str, Any] = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler({"a": every(1)}, identity="leader", **settings)
+    lead_every_shard(leader)
+    replica = make_scheduler({"a": every(1)}, identity="r", **settings)
+    replica.schedule_readable = lambda: False
+    replica._fair_share.mark_unready("test: cannot lead")
+    mark = f"{unready_path(zk_root)}/{replica._replica}"
+    with Loop(replica):
+        wait_for(lambda: zk_client.exists(mark), timeout=30, message="no unready mark")
+        raw, stat = zk_client.get(mark)
+        assert stat.ephemeralOwner == replica.zk_client.client_id[0]
+        data = json.loads(raw)
+        assert data["why"] == "test: cannot lead"
+        assert isinstance(data["since"], float) and abs(data["since"] - time.time()) < 3600, data
+    wait_for(lambda: zk_client.exists(mark) is None, timeout=30, message="the mark outlived its replica")
+
+
+def test_a_stranger_s_child_in_the_unready_listing_holds_up_no_move(
+    make_scheduler, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A child named like a replica id but naming no replica in line (a stranger's, a tool's copy of an old
+    mark) is no change of the picture: it does not start the fair share's SETTLE_TIME again. Else someone who
+    makes and deletes such children more often than that holds every replica's moves up for as long as they
+    do. The clock here is the test's: the lines stood still long ago, and a move is due (``first`` leads both
+    shards, ``second`` none)."""
+    settings: dict[str, Any] = {"zkbeat_shards": 2}
+    first = make_scheduler({"a": every(1)}, identity="first", **settings)
+    lead_every_shard(first)
+    second = make_scheduler({"a": every(1)}, identity="second", **settings)
+    paths = [election_path(zk_root, k, 2) for k in range(2)]
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    now = [0.0]
+    share = FairShare(zk_client, paths, first._replica, unready=unready_path(zk_root), clock=lambda: now[0])
+    assert share.lines() == {k: (first._replica, second._replica) for k in range(2)}
+    now[0] = 100.0
+    changes = share.changes
+    zk_client.create(f"{unready_path(zk_root)}/{'0' * 32}", makepath=True)
+    wait_for(lambda: share.changes > changes, timeout=30, message="the listing's watch never fired")
+    assert share.decide() == Move(1, True, "fair share: leads 2 of 2 shards, 2 replicas")
+
+
+def test_a_probe_that_hangs_is_a_hung_leader_to_the_watchdog(
+    make_scheduler, zk_root: str, published: Published, quick: None
+) -> None:
+    """``a`` still leads a shard whose rows loaded, and is marked unready (another shard's did not): its probe
+    of the schedule hangs (a query to a database that does not answer). Its loop publishes nothing meanwhile,
+    so the watchdog must step it down after zkbeat_stall_timeout, as for a query hung in a leader pass, and
+    ``b`` lead every shard; before, the probe ran outside any leader pass, and ``a`` kept its shard, silent."""
+    entries = {name: every(0.5, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 5.5, "beat_max_loop_interval": 0.2}
+    a = make_scheduler(entries, identity="a", **settings)
+    lead_every_shard(a)
+    b = make_scheduler(entries, identity="b", **settings)
+    release = threading.Event()
+    a.schedule_readable = lambda: release.wait(120) and False
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(Loop(a))
+        stack.enter_context(Loop(b))
+        stack.callback(release.set)  # first out: a's loop ends at once
+        wait_for(
+            lambda: sum(s.election.leadership is not None for s in b._shards) == 1,
+            timeout=60,
+            message="b never got its share",
+        )
+        a._fair_share.mark_unready("test: cannot lead")
+        wait_for(
+            lambda: all(s.election.leadership is not None for s in b._shards),
+            timeout=60,
+            message="a kept its shard while its probe hung",
+        )

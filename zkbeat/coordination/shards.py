@@ -70,7 +70,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    ConnectionLoss,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+    ZookeeperError,
+)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
@@ -280,6 +287,7 @@ class FairShare:
         self.unready_why: str | None = None
         self._unreadable_said = False
         self._denied_said = False
+        self._refused_said = False
         self._clock = clock
         self._changed = threading.Event()
         self._changed.set()
@@ -293,6 +301,13 @@ class FairShare:
         self._handed: dict[int, tuple[str, float]] = {}
         #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
         self._failed: dict[str, float] = {}
+        #: Shard -> replica -> the sequence of its candidate there, as last read.
+        self._sequences: dict[int, dict[str, int]] = {}
+        #: While unready: shard -> (this one's candidate's sequence when it stepped back there, the replicas it
+        #: stepped back behind).
+        self._passed: dict[int, tuple[int, frozenset[str]]] = {}
+        #: While unready: replica -> until when this one does not step back for it (it gave way to this one).
+        self._gave_way: dict[str, float] = {}
 
     def _on_change(self, event: WatchedEvent) -> None:
         self._changed.set()
@@ -305,18 +320,23 @@ class FairShare:
         if self._changed.is_set():
             self._changed.clear()
             lines = {}
+            sequences = {}
             try:
                 for shard, reader in enumerate(self._readers):
                     line = reader.read(watch=self._on_change)
-                    lines[shard] = tuple(
-                        str(c.data[REPLICA_KEY]) for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)
-                    )
+                    kept = [c for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)]
+                    lines[shard] = tuple(str(c.data[REPLICA_KEY]) for c in kept)
+                    sequences[shard] = {str(c.data[REPLICA_KEY]): c.sequence for c in kept}
+                unready = self._read_unready()  # in the guard too: a cut listing is read again, lines and all
+                # A child naming no replica in line counts for nobody: a stranger's churn there is no change.
+                listed = {replica for line in lines.values() for replica in line} | {self.me}
+                unready = unready & listed
             except BaseException:
                 self._changed.set()  # read again at the next pass
                 raise
             if not all(lines.values()):
                 self._changed.set()  # an election not made yet sets no watch: read again at the next pass
-            unready = self._read_unready()
+            self._sequences = sequences
             if lines != self._lines or unready != self._unready:
                 self._lines, self._unready = lines, unready
                 self._since = self._clock()
@@ -347,6 +367,11 @@ class FairShare:
             return frozenset()
         return frozenset(child for child in children if _REPLICA_ID.match(child))
 
+    def _unready_now(self) -> frozenset[str]:
+        """The listing as read, with this replica as it knows itself: its mark may be unwritten yet, or refused."""
+        others = self._unready - {self.me}
+        return others | {self.me} if self.unready_why is not None else others
+
     def mark_unready(self, why: str) -> None:
         """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it)."""
         self.unready_why = why
@@ -354,12 +379,14 @@ class FairShare:
     def mark_ready(self) -> None:
         """Say that this replica can lead again (:meth:`keep_mark` deletes the mark)."""
         self.unready_why = None
+        self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
 
     def keep_mark(self) -> None:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
 
         Called every pass: a mark lost with a session is written again, one
-        left by a failed delete is deleted again. Raises ZooKeeper's errors.
+        left by a failed delete is deleted again. A mark ZooKeeper refuses
+        (NoAuth, a stranger's znode) is said once; raises a broken connection.
         """
         if self._unready_path is None:
             return
@@ -389,6 +416,20 @@ class FairShare:
                     "are not told that it cannot lead now; check zkbeat_auth",
                     path,
                 )
+        except (ConnectionLoss, SessionExpiredError):
+            raise
+        except ZookeeperError as exc:
+            # ZooKeeper refuses it for good (someone else's ephemeral znode where the listing should be:
+            # no child may be made under it): as above, said once and tried again at each pass.
+            if not self._refused_said:
+                self._refused_said = True
+                logger.error(
+                    "zkbeat: %s cannot be written (%r): other replicas are not told that it cannot lead now; "
+                    "is %s someone else's znode?",
+                    path,
+                    exc,
+                    self._unready_path,
+                )
 
     def decide(self) -> Move | None:
         """This replica's move now, or None (still settling, held off, or fair already)."""
@@ -397,15 +438,44 @@ class FairShare:
         if now - self._since < SETTLE_TIME or now - self._moved_at < SETTLE_TIME:
             return None
         self._note_lost_handovers(lines, now)
-        move = rebalance(lines, self.me, self.shards, self._excluded(now), self._unready)
+        self._note_gave_way(lines, now)
+        move = rebalance(lines, self.me, self.shards, self._excluded(now), self._unready_now())
         if move is not None:
             self._moved_at = now
             if move.lead:
                 self._handed[move.shard] = (lines[move.shard][1], now)
+            elif self.unready_why is not None:
+                mine = self._sequences.get(move.shard, {}).get(self.me, -1)
+                self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
         return move
 
     def _excluded(self, now: float) -> set[str]:
-        return {replica for replica, until in self._failed.items() if until > now}
+        excluded = {replica for replica, until in self._failed.items() if until > now}
+        if self.unready_why is not None:
+            excluded |= {replica for replica, until in self._gave_way.items() if until > now}
+        return excluded
+
+    def _note_gave_way(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
+        """While unready: a replica this one stepped back behind, now behind it again in that line, gave way to it.
+
+        A release before the unready mark steps back for a replica that
+        leads fewer shards than its share, marked or not; were this one to
+        step back for it again, the two would swap places in that line for
+        as long as this one cannot lead. Told by the candidates' sequences:
+        this one's candidate there is newer than when it stepped back (it
+        did), and that replica's is newer still (it joined again after).
+        This one keeps the place it was given, for FAILED_TARGET_TIME or
+        until it can lead.
+        """
+        if self.unready_why is None:
+            self._passed, self._gave_way = {}, {}
+            return
+        for shard, (before, passed) in self._passed.items():
+            line = lines.get(shard, ())
+            if len(line) > 2 and line[1] == self.me and self._sequences.get(shard, {}).get(self.me, -1) > before:
+                for replica in passed.intersection(line[2:]):
+                    self._gave_way[replica] = now + FAILED_TARGET_TIME
+        self._gave_way = {replica: until for replica, until in self._gave_way.items() if until > now}
 
     def _note_lost_handovers(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
         """A replica out of the line of a shard this one handed it, and in others' lines: hand it no other for a while.
@@ -432,7 +502,7 @@ class FairShare:
         A replica whose shards have nothing due sleeps up to max_interval;
         this bounds that sleep, so a move waits out SETTLE_TIME, not the sleep.
         """
-        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock()), self._unready) is None:
+        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock()), self._unready_now()) is None:
             return math.inf
         now = self._clock()
         left = max(SETTLE_TIME - (now - self._since), SETTLE_TIME - (now - self._moved_at))

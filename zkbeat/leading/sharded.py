@@ -140,10 +140,13 @@ class ShardedLoop:
             return
         try:
             move = fair_share.decide()
-            fair_share.keep_mark()
         except ZOOKEEPER_ERRORS as exc:
             logger.debug("zkbeat: could not read the shards' lines: %r", exc)
-            return
+            move = None
+        try:
+            fair_share.keep_mark()  # apart: a mark that cannot be written holds up no move
+        except ZOOKEEPER_ERRORS as exc:
+            logger.debug("zkbeat: could not write this replica's unready mark: %r", exc)
         if move is None:
             return
         shard = self._shards[move.shard]
@@ -184,7 +187,8 @@ class ShardedLoop:
             return
         self._ready_probe_at = now + READY_PROBE
         try:
-            readable = self.schedule_readable()
+            with self.leader_pass():  # a probe that hangs holds up the shards led here: the watchdog times it
+                readable = self.schedule_readable()
         except Exception as exc:  # a host's probe that raises: not readable, asked again later
             logger.debug("zkbeat: schedule_readable() raised %r", exc)
             readable = False
