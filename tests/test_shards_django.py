@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 from tests.support.accounting import accounting, assert_clean
 from tests.support.djangosupport import DjangoCluster, DjangoReplica, periodic_task
 from tests.support.helpers import wait_for
+from tests.test_cli import zkbeat
 from tests.test_django_unreadable import unreachable
 from tests.test_shards_processes import heads, settled
 from zkbeat.coordination.shards import shard_of
@@ -178,7 +179,8 @@ def test_a_replica_that_cannot_read_the_database_steps_aside_from_every_shard_it
     make_cluster: MakeCluster, zk_client: KazooClient, beat_db: str
 ) -> None:
     """A replica cut off from the database leads all 3 shards first: it announces none, publishes nothing,
-    and steps aside from each within its stall timeout; the two that read the database then lead all 3."""
+    and gives each up, stepping aside within its stall timeout (or handing it over to the fair share before
+    that); marked unready, it is handed none again, and the two that read the database lead all 3."""
     names = make_rows(10)
     cluster = make_cluster(0, extra_env={"ZKBEAT_TEST_SHARDS": str(SHARDS)})
     cut_off = cluster.add({"DATABASE_URL": unreachable(beat_db), "ZKBEAT_STALL_TIMEOUT": "6"})
@@ -186,9 +188,24 @@ def test_a_replica_that_cannot_read_the_database_steps_aside_from_every_shard_it
              message=cluster.logs)  # fmt: skip
     good = [cluster.add(), cluster.add()]
     wait_for(
-        lambda: len(re.findall(r"stepping aside .* the schedule has not loaded in 6s", cut_off.log())) >= SHARDS,
+        lambda: re.search(r"stepping aside .* the schedule has not loaded in 6s", cut_off.log()),
         timeout=TIMEOUT,
         message=cluster.logs,
+    )
+    wait_for(
+        lambda: set(heads(zk_client, cluster.root, SHARDS).values()) <= {r.identity for r in good},
+        timeout=TIMEOUT,
+        message=cluster.logs,
+    )
+    # `zkbeat status` names it while it is in some line (out of all of them for 30 s after stepping aside).
+    env = cluster.env
+    wait_for(
+        lambda: (
+            f"not ready to lead: {cut_off.identity} (pid"
+            in zkbeat("--hosts", env["ZKBEAT_HOSTS"], "--root", env["ZKBEAT_ROOT"], "status").stdout
+        ),
+        timeout=TIMEOUT,
+        message=lambda: zkbeat("--hosts", env["ZKBEAT_HOSTS"], "--root", env["ZKBEAT_ROOT"], "status").stdout,
     )
     started = time.time()
     wait_for(lambda: set(names) <= published_after(cluster, started), timeout=TIMEOUT, message=cluster.logs)

@@ -294,6 +294,22 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             return self._shard.index in self._loaded_shards and not self._database_failing
         return self._loaded and not self._database_failing
 
+    def schedule_readable(self) -> bool:
+        """Whether the database answers now: a read of the change marker and of one row's key.
+
+        Asked every few seconds of a replica that said it cannot lead (its
+        schedule did not load as leader): it leads nothing, so no read of
+        the schedule would tell it the database is back.
+        """
+        try:
+            close_old_connections()
+            self.Changes.last_change()
+            list(self.Model.objects.values_list("pk", flat=True)[:1])
+        except DatabaseError as exc:
+            logger.debug("zkbeat: the database cannot be read yet: %r", exc)
+            return False
+        return True
+
     # -- shards --------------------------------------------------------------
     #
     # With zkbeat_shards = N, this replica holds the rows of the shards it

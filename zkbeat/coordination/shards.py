@@ -42,13 +42,27 @@ stays out (its schedule did not load, it refused to lead, its loop stalled),
 is no longer below its share for this one's moves for FAILED_TARGET_TIME:
 each handover to it would leave a shard unpublished until it steps aside
 again.
+
+A replica that knows it cannot lead now (its schedule did not load as
+leader: a database it cannot read) says so to every replica, not only to
+the one that handed it the shard: an ephemeral znode named by its replica
+id under ``<root>/v1/unready`` (:func:`unready_path`), there until a probe
+of its schedule's storage succeeds or its session ends. Every replica's
+fair share reads that listing with the lines: a replica marked there is
+handed no shard and counts for nobody's share, and, next in line of a
+shard with a ready replica behind it, it steps back in that line itself,
+so that a crash of that shard's leader moves the shard to a replica that
+can lead it.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import logging
 import math
+import re
 import threading
 import time
 from collections import Counter
@@ -56,6 +70,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionLoss,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+    ZookeeperError,
+)
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
@@ -68,11 +90,14 @@ __all__ = [
     "entry_shard",
     "election_path",
     "handover_path",
+    "unready_path",
     "Move",
     "rebalance",
     "FairShare",
     "REPLICA_KEY",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Key of a replica's own random id in its candidate data (only with N > 1):
 #: an identity may be set alike on every replica, this id never is.
@@ -85,6 +110,8 @@ SETTLE_TIME = 2.0
 #: not load, it refused to lead, its loop stalled) is handed no other by this one: not a shard a few
 #: seconds after each time it steps aside, for as long as it cannot lead.
 FAILED_TARGET_TIME = 300.0
+#: What a replica id is (uuid4 hex): a child of the unready listing named otherwise is a stranger's, ignored.
+_REPLICA_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def shard_of(root: str, name: str, shards: int) -> int:
@@ -156,6 +183,11 @@ def handover_path(root: str, shard: int = 0, shards: int = 1) -> str:
     return f"{_base(root, shard, shards)}/handover"
 
 
+def unready_path(root: str) -> str:
+    """Where replicas that cannot lead now say so: one ephemeral child per such replica, named by its replica id."""
+    return f"{root}/{LAYOUT_DIR}/unready"
+
+
 @dataclass(frozen=True)
 class Move:
     """What the fair share asks of this replica: give up ``shard`` (``lead``: its leadership; else its place)."""
@@ -165,30 +197,60 @@ class Move:
     why: str
 
 
-def rebalance(lines: Mapping[int, Sequence[str]], me: str, shards: int, exclude: Collection[str] = ()) -> Move | None:
+def rebalance(
+    lines: Mapping[int, Sequence[str]],
+    me: str,
+    shards: int,
+    exclude: Collection[str] = (),
+    unready: Collection[str] = (),
+) -> Move | None:
     """This replica's one move towards the fair share, or None (see the module docstring's table).
 
     ``lines`` holds each shard's candidates (replica ids, the head leads);
     a shard missing from it, or with an empty line, has no leader now.
     No move is made towards a replica of ``exclude`` (one that lost a shard
-    it was handed). Deterministic: the same lines give the same answer.
+    it was handed) or of ``unready`` (one that said it cannot lead now);
+    the share is counted over the replicas not ``unready`` (all of them if
+    none is ready). Deterministic: the same lines give the same answer.
     """
     replicas = {replica for line in lines.values() for replica in line}
     if me not in replicas:
         return None
-    share = math.ceil(shards / len(replicas))
+    unready = set(unready)
+    if me in unready:
+        return _step_back_unready(lines, me, unready | set(exclude))
+    ready = replicas - unready
+    share = math.ceil(shards / len(ready or replicas))
+    takers = ready - set(exclude)
     leads = Counter(line[0] for line in lines.values() if line)
     if leads[me] > share:
         for shard in sorted(lines, reverse=True):
             line = lines[shard]
-            if line and line[0] == me and len(line) > 1 and leads[line[1]] < share and line[1] not in exclude:
-                return Move(shard, True, f"fair share: leads {leads[me]} of {shards} shards, {len(replicas)} replicas")
+            if line and line[0] == me and len(line) > 1 and leads[line[1]] < share and line[1] in takers:
+                why = f"fair share: leads {leads[me]} of {shards} shards, {len(ready or replicas)} replicas"
+                return Move(shard, True, why)
     if leads[me] >= share:
         for shard in sorted(lines):
             line = lines[shard]
-            behind = [r for r in line[2:] if r not in exclude]
+            behind = [r for r in line[2:] if r in takers]
             if len(line) > 2 and line[0] != me and line[1] == me and any(leads[r] < share for r in behind):
                 return Move(shard, False, "fair share: a replica that leads fewer shards goes first")
+    return None
+
+
+def _step_back_unready(lines: Mapping[int, Sequence[str]], me: str, cannot: set[str]) -> Move | None:
+    """A replica that cannot lead now, next in line of a shard with one that can behind it: it steps back.
+
+    Then a crash of that shard's leader moves the shard to a replica that
+    can lead it, not to this one for a stall timeout. It never steps down
+    from a shard it leads here: a leader whose schedule does not load steps
+    aside on its own (zkbeat.leading.leadership), and one that loaded is
+    ready again.
+    """
+    for shard in sorted(lines):
+        line = lines[shard]
+        if len(line) > 2 and line[1] == me and any(r not in cannot for r in line[2:]):
+            return Move(shard, False, "not ready to lead: a replica that can lead goes first")
     return None
 
 
@@ -211,10 +273,21 @@ class FairShare:
         timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
+        unready: str | None = None,
     ) -> None:
         self.me = me
         self.shards = len(paths)
+        self._client = client
         self._readers = [CandidateReader(client, path, timeout=timeout) for path in paths]
+        #: The unready listing (:func:`unready_path`), None: not read, never marked.
+        self._unready_path = unready
+        #: The replicas marked unready there, as last read.
+        self._unready: frozenset[str] = frozenset()
+        #: Why this replica cannot lead now (its mark's reason), None while it can.
+        self.unready_why: str | None = None
+        self._unreadable_said = False
+        self._denied_said = False
+        self._refused_said = False
         self._clock = clock
         self._changed = threading.Event()
         self._changed.set()
@@ -228,6 +301,13 @@ class FairShare:
         self._handed: dict[int, tuple[str, float]] = {}
         #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
         self._failed: dict[str, float] = {}
+        #: Shard -> replica -> the sequence of its candidate there, as last read.
+        self._sequences: dict[int, dict[str, int]] = {}
+        #: While unready: shard -> (this one's candidate's sequence when it stepped back there, the replicas it
+        #: stepped back behind).
+        self._passed: dict[int, tuple[int, frozenset[str]]] = {}
+        #: While unready: replica -> until when this one does not step back for it (it gave way to this one).
+        self._gave_way: dict[str, float] = {}
 
     def _on_change(self, event: WatchedEvent) -> None:
         self._changed.set()
@@ -240,21 +320,116 @@ class FairShare:
         if self._changed.is_set():
             self._changed.clear()
             lines = {}
+            sequences = {}
             try:
                 for shard, reader in enumerate(self._readers):
                     line = reader.read(watch=self._on_change)
-                    lines[shard] = tuple(
-                        str(c.data[REPLICA_KEY]) for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)
-                    )
+                    kept = [c for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)]
+                    lines[shard] = tuple(str(c.data[REPLICA_KEY]) for c in kept)
+                    sequences[shard] = {str(c.data[REPLICA_KEY]): c.sequence for c in kept}
+                unready = self._read_unready()  # in the guard too: a cut listing is read again, lines and all
+                # A child naming no replica in line counts for nobody: a stranger's churn there is no change.
+                listed = {replica for line in lines.values() for replica in line} | {self.me}
+                unready = unready & listed
             except BaseException:
                 self._changed.set()  # read again at the next pass
                 raise
             if not all(lines.values()):
                 self._changed.set()  # an election not made yet sets no watch: read again at the next pass
-            if lines != self._lines:
-                self._lines = lines
+            self._sequences = sequences
+            if lines != self._lines or unready != self._unready:
+                self._lines, self._unready = lines, unready
                 self._since = self._clock()
         return self._lines
+
+    def unready(self) -> frozenset[str]:
+        """The replicas that said they cannot lead now, as read with :meth:`lines`."""
+        return self._unready
+
+    def _read_unready(self) -> frozenset[str]:
+        """The unready listing's replica ids (watched); a stranger's child or an unreadable listing counts for none."""
+        if self._unready_path is None:
+            return frozenset()
+        try:
+            children = self._client.get_children(self._unready_path, watch=self._on_change)
+        except NoNodeError:
+            if self._client.exists(self._unready_path, watch=self._on_change) is not None:
+                self._changed.set()  # made between the two reads: list it at the next pass
+            return frozenset()
+        except NoAuthError:
+            if not self._unreadable_said:
+                self._unreadable_said = True
+                logger.error(
+                    "zkbeat: %s may not be listed with this replica's credentials (NoAuth): replicas that "
+                    "cannot lead now are not known here; check zkbeat_auth",
+                    self._unready_path,
+                )
+            return frozenset()
+        return frozenset(child for child in children if _REPLICA_ID.match(child))
+
+    def _unready_now(self) -> frozenset[str]:
+        """The listing as read, with this replica as it knows itself: its mark may be unwritten yet, or refused."""
+        others = self._unready - {self.me}
+        return others | {self.me} if self.unready_why is not None else others
+
+    def mark_unready(self, why: str) -> None:
+        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it)."""
+        self.unready_why = why
+
+    def mark_ready(self) -> None:
+        """Say that this replica can lead again (:meth:`keep_mark` deletes the mark)."""
+        self.unready_why = None
+        self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+
+    def keep_mark(self) -> None:
+        """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
+
+        Called every pass: a mark lost with a session is written again, one
+        left by a failed delete is deleted again. A mark ZooKeeper refuses
+        (NoAuth, a stranger's znode) is said once; raises a broken connection.
+        """
+        if self._unready_path is None:
+            return
+        marked = self.me in self._unready
+        path = f"{self._unready_path}/{self.me}"
+        try:
+            if self.unready_why is not None and not marked:
+                data = json.dumps({"why": self.unready_why, "since": time.time()}).encode()
+                try:
+                    self._client.create(path, data, ephemeral=True, makepath=True)
+                except NodeExistsError:
+                    pass
+                self._changed.set()  # see the mark in the next read
+            elif self.unready_why is None and marked:
+                try:
+                    self._client.delete(path)
+                except NoNodeError:
+                    pass
+                self._changed.set()
+        except NoAuthError:
+            # Someone else's ACL on the listing: this replica cannot say it (the fair share's rule of
+            # FAILED_TARGET_TIME still holds); said once, tried again at each pass (one request).
+            if not self._denied_said:
+                self._denied_said = True
+                logger.error(
+                    "zkbeat: %s may not be written with this replica's credentials (NoAuth): other replicas "
+                    "are not told that it cannot lead now; check zkbeat_auth",
+                    path,
+                )
+        except (ConnectionLoss, SessionExpiredError):
+            raise
+        except ZookeeperError as exc:
+            # ZooKeeper refuses it for good (someone else's ephemeral znode where the listing should be:
+            # no child may be made under it): as above, said once and tried again at each pass.
+            if not self._refused_said:
+                self._refused_said = True
+                logger.error(
+                    "zkbeat: %s cannot be written (%r): other replicas are not told that it cannot lead now; "
+                    "is %s someone else's znode?",
+                    path,
+                    exc,
+                    self._unready_path,
+                )
 
     def decide(self) -> Move | None:
         """This replica's move now, or None (still settling, held off, or fair already)."""
@@ -263,15 +438,44 @@ class FairShare:
         if now - self._since < SETTLE_TIME or now - self._moved_at < SETTLE_TIME:
             return None
         self._note_lost_handovers(lines, now)
-        move = rebalance(lines, self.me, self.shards, self._excluded(now))
+        self._note_gave_way(lines, now)
+        move = rebalance(lines, self.me, self.shards, self._excluded(now), self._unready_now())
         if move is not None:
             self._moved_at = now
             if move.lead:
                 self._handed[move.shard] = (lines[move.shard][1], now)
+            elif self.unready_why is not None:
+                mine = self._sequences.get(move.shard, {}).get(self.me, -1)
+                self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
         return move
 
     def _excluded(self, now: float) -> set[str]:
-        return {replica for replica, until in self._failed.items() if until > now}
+        excluded = {replica for replica, until in self._failed.items() if until > now}
+        if self.unready_why is not None:
+            excluded |= {replica for replica, until in self._gave_way.items() if until > now}
+        return excluded
+
+    def _note_gave_way(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
+        """While unready: a replica this one stepped back behind, now behind it again in that line, gave way to it.
+
+        A release before the unready mark steps back for a replica that
+        leads fewer shards than its share, marked or not; were this one to
+        step back for it again, the two would swap places in that line for
+        as long as this one cannot lead. Told by the candidates' sequences:
+        this one's candidate there is newer than when it stepped back (it
+        did), and that replica's is newer still (it joined again after).
+        This one keeps the place it was given, for FAILED_TARGET_TIME or
+        until it can lead.
+        """
+        if self.unready_why is None:
+            self._passed, self._gave_way = {}, {}
+            return
+        for shard, (before, passed) in self._passed.items():
+            line = lines.get(shard, ())
+            if len(line) > 2 and line[1] == self.me and self._sequences.get(shard, {}).get(self.me, -1) > before:
+                for replica in passed.intersection(line[2:]):
+                    self._gave_way[replica] = now + FAILED_TARGET_TIME
+        self._gave_way = {replica: until for replica, until in self._gave_way.items() if until > now}
 
     def _note_lost_handovers(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
         """A replica out of the line of a shard this one handed it, and in others' lines: hand it no other for a while.
@@ -298,7 +502,7 @@ class FairShare:
         A replica whose shards have nothing due sleeps up to max_interval;
         this bounds that sleep, so a move waits out SETTLE_TIME, not the sleep.
         """
-        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock())) is None:
+        if rebalance(self._lines, self.me, self.shards, self._excluded(self._clock()), self._unready_now()) is None:
             return math.inf
         now = self._clock()
         left = max(SETTLE_TIME - (now - self._since), SETTLE_TIME - (now - self._moved_at))

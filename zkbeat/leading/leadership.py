@@ -323,6 +323,8 @@ class ShardLeadership:
         epoch = self.term.epoch if self.term is not None else None
         if self.schedule_loaded():
             self._unloaded_since = None
+            if self._fair_share is not None and self._fair_share.unready_why is not None:
+                self._fair_share.mark_ready()  # it read its schedule as leader: it can lead
             if self._unloaded_said:
                 self._unloaded_said = False
                 logger.info("zkbeat: the schedule loaded; leading (%s, epoch %s)", self.zk_settings.identity, epoch)
@@ -343,6 +345,8 @@ class ShardLeadership:
             LOAD_RECHECK,
         )
         self._unloaded_said = True
+        if self._fair_share is not None:  # no replica hands it another shard until its schedule can be read
+            self._fair_share.mark_unready(f"its schedule did not load in {timeout:g}s as leader")
         self._end_term("its schedule did not load")
         self._refused_until = time.monotonic() + LOAD_RECHECK
         election.step_down(hold=True, reason="its schedule did not load", failed=True)

@@ -27,7 +27,7 @@ from ..coordination.broker_handover import BrokerHandover
 from ..coordination.election import LeaderElection, events
 from ..coordination.liveness import Beacon, Watcher, default_host
 from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
-from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path
+from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path, unready_path
 from ..ledger.store import Ledger
 from .broker import probe as probe_broker
 from .wakeup import Wakeup
@@ -104,6 +104,7 @@ class Replica:
                 self._replica,
                 timeout=settings.session_timeout,
                 on_change=self._wake.set,  # a sleeping replica wakes when the lines change (its share may move)
+                unready=unready_path(settings.root),
             )
         logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
         # start_async: an unreachable ZooKeeper is retried in the background;

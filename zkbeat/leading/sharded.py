@@ -19,24 +19,31 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 from kazoo.protocol.states import KazooState
 
-from ..coordination.shards import entry_shard
+from ..coordination.shards import FairShare, entry_shard
 from ..exceptions import ConfigurationError
 from .leadership import ZOOKEEPER_ERRORS
 from .shard_state import ShardState
 
-__all__ = ["ShardedLoop"]
+__all__ = ["ShardedLoop", "READY_PROBE"]
 
 logger = logging.getLogger("zkbeat.scheduler")
+
+#: Seconds between two asks of ``schedule_readable()`` while this replica is marked unready.
+READY_PROBE = 5.0
 
 _UNSET = object()
 
 
 class ShardedLoop:
     """Each shard's part of beat's loop in turn, then one wait: see the module docstring."""
+
+    #: When to ask ``schedule_readable()`` next while marked unready (0: not marked).
+    _ready_probe_at = 0.0
 
     def _check_shards(self, count: int) -> None:
         if count > 1 and not self.supports_shards:
@@ -94,6 +101,9 @@ class ShardedLoop:
         self._fair_share_pass()
         if fair_share is not None:
             wait = min(wait, fair_share.next_look())  # a move held off until the lines stood still: not a sleep
+            if fair_share.unready_why is not None:  # wake to ask again whether the schedule can be read
+                # (_probe_readiness ran in this pass: the next ask is ahead; never a wait of 0, never a hot loop.)
+                wait = min(wait, max(self._ready_probe_at - time.monotonic(), 0.1))
         if wait <= 0 or not self.wait_in_tick:
             return wait
         self._wait_any(wait, changes)
@@ -123,13 +133,20 @@ class ShardedLoop:
     def _fair_share_pass(self) -> None:
         """Give up one shard (or a place in a shard's line) when the fair share says so (zkbeat.coordination.shards)."""
         fair_share = self._fair_share
-        if fair_share is None or self.zk_client is None or self.zk_client.state != KazooState.CONNECTED:
+        if fair_share is None:
+            return
+        self._probe_readiness(fair_share)  # needs no ZooKeeper: what it finds is written once connected
+        if self.zk_client is None or self.zk_client.state != KazooState.CONNECTED:
             return
         try:
             move = fair_share.decide()
         except ZOOKEEPER_ERRORS as exc:
             logger.debug("zkbeat: could not read the shards' lines: %r", exc)
-            return
+            move = None
+        try:
+            fair_share.keep_mark()  # apart: a mark that cannot be written holds up no move
+        except ZOOKEEPER_ERRORS as exc:
+            logger.debug("zkbeat: could not write this replica's unready mark: %r", exc)
         if move is None:
             return
         shard = self._shards[move.shard]
@@ -141,6 +158,46 @@ class ShardedLoop:
                 return  # it leads that shard after all (the line moved since it was read)
             if self.election is not None:
                 self.election.step_down(reason=move.why)
+
+    def schedule_readable(self) -> bool:
+        """Whether the host's schedule could be read now: asked of a replica marked unready (a hook).
+
+        A replica whose schedule did not load as leader marks itself unready
+        for every replica's fair share (zkbeat.coordination.shards), which
+        then hands it nothing; leading nothing, it has no read of its
+        schedule to tell it that its storage is back. A host whose schedule
+        lives in shared storage answers from a cheap read of it
+        (zkbeat.contrib.django); the default says yes.
+        """
+        return True
+
+    def _probe_readiness(self, fair_share: FairShare) -> None:
+        """While marked unready: ask the host every READY_PROBE whether its schedule can be read; if so, unmark.
+
+        Once unmarked, the fair share hands this replica its share again; if
+        its schedule then does not load as leader, it is marked again.
+        """
+        if fair_share.unready_why is None:
+            self._ready_probe_at = 0.0
+            return
+        now = time.monotonic()
+        if not self._ready_probe_at:
+            self._ready_probe_at = now + READY_PROBE  # the read failed just now: not again at once
+        if now < self._ready_probe_at:
+            return
+        self._ready_probe_at = now + READY_PROBE
+        try:
+            with self.leader_pass():  # a probe that hangs holds up the shards led here: the watchdog times it
+                readable = self.schedule_readable()
+        except Exception as exc:  # a host's probe that raises: not readable, asked again later
+            logger.debug("zkbeat: schedule_readable() raised %r", exc)
+            readable = False
+        if readable:
+            logger.info(
+                "zkbeat: the schedule can be read again (%s); ready to lead, the fair share may hand shards here",
+                self.zk_settings.identity,
+            )
+            fair_share.mark_ready()
 
     @contextlib.contextmanager
     def _shard_pass(self, shard: ShardState) -> Iterator[None]:

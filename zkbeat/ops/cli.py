@@ -316,6 +316,11 @@ def _render(found: ClusterStatus, show_all: bool, target: Target) -> str:
         rows.append([str(place), epoch, identity, c.host or "-", str(c.pid or "-"), _ago(c.started_at), version])
     lines.append(f"{'replicas' if found.sharded else 'candidates'} ({len(found.candidates)}):")
     lines.extend(_table(rows) if found.candidates else ["  none"])
+    lines.extend(
+        _printable(f"not ready to lead: {c.identity or '?'} (pid {c.pid or '?'}): {c.unready}; handed no shard")
+        for c in found.candidates
+        if c.unready is not None
+    )
     entries = sorted(found.entries, key=lambda e: (e.next_due is None, e.next_due or "", e.name))
     shown = entries if show_all else entries[:ENTRY_LIMIT]
     lines.append(f"entries ({len(entries)}):")

@@ -33,6 +33,7 @@ __all__ = [
     "read_election",
     "read_entry",
     "read_shards",
+    "read_unready",
 ]
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class Candidate:
     layout: int | None = None
     leader_since: str | None = None
     readable: bool = True
+    #: With ``zkbeat_shards`` > 1: its replica id, and why it cannot lead now if it said so (``<root>/v1/unready``).
+    replica: str | None = None
+    unready: str | None = None
 
 
 @dataclass
@@ -240,6 +244,8 @@ def read_election(client: KazooClient, path: str) -> tuple[list[Candidate], list
             setattr(candidate, key, str(value) if value is not None else None)
         pid = info.get("pid")
         candidate.pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        replica = info.get(_shards.REPLICA_KEY)
+        candidate.replica = replica if isinstance(replica, str) else None
         layout = info.get("layout", 1)
         candidate.layout = layout if isinstance(layout, int) and not isinstance(layout, bool) else None
         if announced.get("leader") == node.name and announced.get("leader_since") is not None:
@@ -283,10 +289,41 @@ def _next_due(entry: Any, last_run_at: datetime | None, now: datetime) -> str | 
 def read_shards(client: KazooClient, root: str, shards: int) -> list[ShardStatus]:
     """Each shard's election: its line, strangers and announced leader (zkbeat.coordination.shards)."""
     found = []
+    unready = read_unready(client, root)
     for shard in range(shards):
         path = _shards.election_path(root.rstrip("/"), shard, shards)
         candidates, strangers = read_election(client, path)
+        for candidate in candidates:
+            candidate.unready = unready.get(candidate.replica or "")
         found.append(ShardStatus(shard, shards, path, candidates, strangers))
+    return found
+
+
+def read_unready(client: KazooClient, root: str, watch: Any = None) -> dict[str, str]:
+    """Replica id -> why, for each replica that said it cannot lead now (zkbeat.coordination.shards.unready_path).
+
+    What is unreadable or malformed there says "unknown": the mark itself is what counts. ``watch`` is set on
+    the listing (or on its creation, while there is none).
+    """
+    path = _shards.unready_path(root.rstrip("/"))
+    try:
+        children = client.get_children(path, watch=watch)
+    except NoNodeError:
+        if watch is not None and client.exists(path, watch=watch) is not None:
+            return read_unready(client, root, watch)  # made between the two reads
+        return {}
+    except NoAuthError:
+        return {}
+    found = {}
+    for child in children:
+        try:
+            raw, _ = client.get(f"{path}/{child}")
+            why = json.loads(raw.decode("utf-8")).get("why")
+        except (NoNodeError, NoAuthError):
+            continue
+        except (ValueError, AttributeError):
+            why = None
+        found[child] = why if isinstance(why, str) else "unknown"
     return found
 
 
@@ -332,5 +369,7 @@ def _replicas(shards: list[ShardStatus]) -> list[Candidate]:
                     version=candidate.version,
                     layout=candidate.layout,
                     readable=candidate.readable,
+                    replica=candidate.replica,
+                    unready=candidate.unready,
                 )
     return list(seen.values())

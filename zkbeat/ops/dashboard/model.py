@@ -49,9 +49,10 @@ from ...coordination.candidates import CandidateReader, Line
 from ...coordination.layout import LAYOUT, LAYOUT_DIR, MARKER_DIR
 from ...coordination.liveness import Announcement
 from ...coordination.peers import layout_of
-from ...coordination.shards import election_path, entry_shard
+from ...coordination.shards import REPLICA_KEY, election_path, entry_shard
 from ...ledger import history
 from ...ledger.store import EntryState, decode_answer, decode_name, encode_name
+from ..status import read_unready
 from . import describe
 
 __all__ = ["ClusterModel", "OBSERVED_LEADERS"]
@@ -134,6 +135,8 @@ class ClusterModel:
             CandidateReader(client, path, timeout=settings.session_timeout) for path in self.election_paths[1:]
         ]
         self._shard_lines: list[tuple[Line, dict[str, Any]]] = [(Line(), {}) for _ in self._shard_readers]
+        #: Replica id -> why, of the replicas that said they cannot lead now (zkbeat_shards > 1).
+        self._unready: dict[str, str] = {}
         self._election_stat: Any = None
         self._root_children: list[str] = []
         self._leaders: deque[dict[str, Any]] = deque(maxlen=OBSERVED_LEADERS)
@@ -304,6 +307,8 @@ class ClusterModel:
         for index, reader in enumerate(self._shard_readers, 1):
             self._shard_lines[index - 1] = self._read_shard(reader)
             self._note_owners(index, self._shard_lines[index - 1][0])
+        if self._shard_readers:
+            self._unready = read_unready(self.client, self.root, watch=self._on_election)
 
     def _note_owners(self, shard: int, line: Line) -> None:
         """Remember who each candidate of ``shard``'s line is, for the epochs the ledger names later."""
@@ -605,6 +610,8 @@ class ClusterModel:
             "liveness": {"host": announcement.host, "port": announcement.port} if announcement else None,
             "leader_since": str(announced["leader_since"]) if leads else text("leader_since"),
             "readable": node.readable,
+            # Why it cannot lead now, if it said so (zkbeat.coordination.shards: handed no shard meanwhile).
+            "unready": self._unready.get(str(data.get(REPLICA_KEY))),
         }
 
     def _shard_views(self) -> list[dict[str, Any]]:

@@ -133,7 +133,12 @@
       const tr = el("tr");
       if (sharded ? cand.leads.length : cand.place === 1) tr.className = "head-row";
       const live = cand.liveness ? cand.liveness.host + ":" + cand.liveness.port : "–";
-      const epoch = sharded ? cand.leads.join(", ") : cand.epoch === null ? "" : cand.epoch;
+      let epoch = sharded ? cand.leads.join(", ") : cand.epoch === null ? "" : cand.epoch;
+      if (cand.unready) {
+        // It said it cannot lead now (its schedule did not load as leader): the fair share hands it no shard.
+        tr.classList.add("unready");
+        epoch = (epoch ? epoch + "; " : "") + printable("not ready to lead: " + cand.unready);
+      }
       const since = sharded || !cand.leader_since ? "" : when(cand.leader_since);
       for (const value of [cand.place, epoch, who(cand), cand.host, cand.pid, cand.version, cand.layout, live,
         when(cand.started_at), since]) {
