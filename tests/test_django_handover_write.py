@@ -11,6 +11,7 @@ own ZooKeeper client.
 from __future__ import annotations
 
 import logging
+import signal
 from datetime import timedelta
 
 import pytest
@@ -191,3 +192,33 @@ def test_a_failing_database_at_close_is_logged_and_the_candidate_is_gone(
     assert [alive for alive, _, _ in writes] == [[]], "the write must be tried after the handover"
     assert zk_client.exists(candidates[0]) is None
     assert any("cannot write run times" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_second_sigterm_during_the_late_write_waits_until_it_is_done(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch
+) -> None:
+    """A signal that lands as the late write starts is held (as for the rest of close()): the rows get the runs,
+    then the signal goes through."""
+    interval_task("report", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3)
+    pump(scheduler, lambda: "report" in scheduler._dirty)
+    ledger = scheduler.ledger.load(["report"])["report"].state
+    candidates = candidates_of(scheduler)
+    writes = Writes(monkeypatch, zk_client, candidates, before=lambda: signal.raise_signal(signal.SIGTERM))
+
+    class Terminated(BaseException):
+        pass
+
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(Terminated):
+            scheduler.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [alive for alive, _, _ in writes] == [[]]
+    assert row("report").total_run_count == ledger.total_run_count, "the signal cut the late write short"
