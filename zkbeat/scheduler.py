@@ -19,7 +19,7 @@ import operator
 import signal
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -229,6 +229,14 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
             for name in names:
                 self.term.known.pop(name, None)
 
+    def sync_at_close(self) -> Callable[[], None] | None:
+        """close(), still leading: write the host's own record now (None), or take it and return its write.
+
+        That write runs after the handover: the successor need not wait, so it must not overwrite newer runs.
+        """
+        self.sync()
+        return None
+
     def after_leader_pass(self, interval: float) -> float:
         """A leader's pass is done: the host may do leader work of its own and shorten the wait.
 
@@ -297,14 +305,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
             # (claims not written back, the candidate left): held until the end,
             # at most SIGNAL_HOLD_LIMIT, so that a close() that hangs can be cut.
             with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
-                if self.leading or (self.sharded and any(shard.term is not None for shard in self._shards)):
-                    try:
-                        # Still leading (with shards, some shard: the host writes only those it leads): its own record.
-                        self.sync()
-                    except Exception:  # noqa: BLE001 - the ledger holds the runs; shutdown must finish
-                        logger.warning("zkbeat: could not sync the schedule at shutdown", exc_info=True)
-                self._closed = True
-                self._shut_down()
+                self._leave()  # the host's record (sync_at_close), the handover, then what the host wrote late
                 super().close()
             return
         super().close()

@@ -12,6 +12,14 @@ Only rows still enabled are written (``save()`` clears ``last_run_at`` of a
 disabled row; a row disabled since it ran keeps it cleared). Neither
 ``save()``'s checks nor its signals run: ``date_changed`` stays the
 operator's last edit, and the write is not mistaken for one.
+
+With ``only_newer``, only rows whose ``last_run_at`` is empty or older than
+the one written: a leader's write after it handed over
+(zkbeat.contrib.django) must not lower a newer run its successor wrote
+meanwhile. The condition is in the ``UPDATE``'s own ``WHERE``, which
+PostgreSQL checks again on the current row once it holds the row's lock
+(READ COMMITTED), so it also holds against a successor's write that
+commits while this one waits for the row.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import connections, router
-from django.db.models import Model
+from django.db.models import Model, Q
 
 __all__ = ["write_run_times"]
 
@@ -29,20 +37,34 @@ __all__ = ["write_run_times"]
 CHUNK = {"postgresql": 1000, "sqlite": 300}
 
 
-def write_run_times(model: type[Model], runs: Sequence[tuple[int, datetime, int]]) -> None:
-    """Write (pk, last_run_at, total_run_count) to each row of ``model`` that is still enabled."""
+def write_run_times(model: type[Model], runs: Sequence[tuple[int, datetime, int]], *, only_newer: bool = False) -> None:
+    """Write (pk, last_run_at, total_run_count) to each row of ``model`` that is still enabled.
+
+    ``only_newer``: and whose ``last_run_at`` is empty or older than the one written.
+    """
     if not runs:
         return
     connection = connections[router.db_for_write(model)]
-    if connection.vendor == "postgresql" or (connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 33)):
-        _write_joined(model, connection, runs)
+    if _joins(connection):
+        _write_joined(model, connection, runs, only_newer)
         return
     manager = model._default_manager.db_manager(connection.alias)
     for pk, last_run_at, total_run_count in runs:
-        manager.filter(pk=pk, enabled=True).update(last_run_at=last_run_at, total_run_count=total_run_count)
+        rows = manager.filter(pk=pk, enabled=True)
+        if only_newer:
+            rows = rows.filter(Q(last_run_at__isnull=True) | Q(last_run_at__lt=last_run_at))
+        rows.update(last_run_at=last_run_at, total_run_count=total_run_count)
 
 
-def _write_joined(model: type[Model], connection, runs: Sequence[tuple[int, datetime, int]]) -> None:
+def _joins(connection) -> bool:
+    """Whether the database takes ``UPDATE ... FROM (VALUES ...)`` (PostgreSQL, SQLite 3.33 and newer)."""
+    vendor = connection.vendor
+    return vendor == "postgresql" or (vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 33))
+
+
+def _write_joined(
+    model: type[Model], connection, runs: Sequence[tuple[int, datetime, int]], only_newer: bool = False
+) -> None:
     """``UPDATE table SET ... FROM (VALUES ...) WHERE table.id = v.id AND table.enabled``, a chunk at a time."""
     meta = model._meta
     quote = connection.ops.quote_name
@@ -59,6 +81,9 @@ def _write_joined(model: type[Model], connection, runs: Sequence[tuple[int, date
         row = "(%s, %s, %s)"
         source = "v"
         columns = ("v.column1", "v.column2", "v.column3")
+    where = f"{table}.{pk} = {columns[0]} AND {table}.{enabled}"
+    if only_newer:
+        where += f" AND ({table}.{last_run} IS NULL OR {table}.{last_run} < {columns[1]})"
     size = CHUNK[connection.vendor]
     adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
@@ -70,6 +95,6 @@ def _write_joined(model: type[Model], connection, runs: Sequence[tuple[int, date
             cursor.execute(
                 f"UPDATE {table} SET {last_run} = {columns[1]}, {count} = {columns[2]} "
                 f"FROM (VALUES {', '.join([row] * len(chunk))}) AS {source} "
-                f"WHERE {table}.{pk} = {columns[0]} AND {table}.{enabled}",
+                f"WHERE {where}",
                 params,
             )

@@ -22,7 +22,9 @@ this module changes exactly those:
   with two queries per row. Here only the leader syncs, many rows a
   statement (zkbeat.contrib._runs), and a replica that stops leading drops
   what it had pending, so it never writes its stale view over a newer
-  leader's. After a failover the rows may be minutes behind, so the ledger
+  leader's. At exit it hands over first and writes after, only to rows
+  whose own run is older (``sync_at_close``): the successor never waits
+  for that write. After a failover the rows may be minutes behind, so the ledger
   decides each entry's last run, unless the row itself vouches for one at
   least as new (a one-off an operator re-armed after it ran: see
   ``ModelEntry.vouched_run``).
@@ -50,6 +52,7 @@ the ledger, never the database, is what decides whether a tick ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -739,32 +742,69 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         return False
 
     def sync(self) -> None:
-        """Write run times to the rows, only while leading (also at exit), many rows a statement.
+        """Write run times to the rows, only while leading, many rows a statement (at exit: :meth:`sync_at_close`).
 
         ``last_run_at`` and ``total_run_count`` of each row that ran and is
         still enabled, as django-celery-beat writes them, without a read of
         the row first (zkbeat.contrib._runs). A row deleted since is skipped.
         """
-        if self.sharded:
-            led = {shard.index for shard in self._shards if self._leads_shard(shard)}
-            names = {name for name in self._dirty if self._shard_number(name) in led}
-        else:
-            names = self._dirty if self.leading else set()
+        names, runs = self._runs_to_write()
         if not names:
             return
         close_old_connections()
-        schedule = self.schedule
-        runs = []
-        for name in sorted(names):
-            entry = schedule.get(name)
-            if entry is not None and entry.model.pk is not None:
-                runs.append((entry.model.pk, entry.model.last_run_at, entry.model.total_run_count))
         try:
             write_run_times(self.Model, runs)
         except DatabaseError as exc:
             logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
             return
         self._dirty.difference_update(names)
+
+    def sync_at_close(self) -> Callable[[], None] | None:
+        """At exit: take what :meth:`sync` would write now, and write it once the successor is free to lead.
+
+        At 100,000 rows that write takes seconds, which a graceful handover
+        would wait for. Written after it, it may meet rows the successor has
+        run and written since: it leaves every row whose ``last_run_at`` is
+        as new or newer (``only_newer``), so that it never lowers one. A
+        failure costs only these display values: the ledger holds the runs.
+        """
+        names, runs = self._runs_to_write()
+        self._dirty.difference_update(names)  # taken: not "dropped" when the terms end in the handover
+        if not runs:
+            return None
+        return functools.partial(self._write_after_handover, runs)
+
+    def _write_after_handover(self, runs: list[tuple[int, datetime, int]]) -> None:
+        started = time.monotonic()
+        close_old_connections()
+        try:
+            write_run_times(self.Model, runs, only_newer=True)
+        except DatabaseError as exc:
+            logger.error(
+                "zkbeat: cannot write run times to the database after handing over (%r); the rows keep their "
+                "earlier ones (the ledger holds the runs)",
+                exc,
+            )
+            return
+        logger.info(
+            "zkbeat: wrote the run times of %d rows after handing over (%.1f ms)",
+            len(runs), (time.monotonic() - started) * 1000,
+        )  # fmt: skip
+
+    def _runs_to_write(self) -> tuple[set[str], list[tuple[int, datetime, int]]]:
+        """The dirty rows of what this replica leads (with shards, of the shards it leads), and their run times."""
+        if self.sharded:
+            led = {shard.index for shard in self._shards if self._leads_shard(shard)}
+            names = {name for name in self._dirty if self._shard_number(name) in led}
+        else:
+            names = set(self._dirty) if self.leading else set()
+        schedule = self.schedule
+        runs = []
+        for name in sorted(names):
+            entry = schedule.get(name)
+            if entry is not None and entry.model.pk is not None:
+                runs.append((entry.model.pk, entry.model.last_run_at, entry.model.total_run_count))
+        return names, runs
 
 
 @contextlib.contextmanager

@@ -181,6 +181,28 @@ class Replica:
         elif term is not None:
             logger.info("zkbeat: reconnected to ZooKeeper (%s)", identity)
 
+    def _leave(self) -> None:
+        """close(): the host's own record while still leading, the handover, then a write the host deferred.
+
+        Its ``sync_at_close`` either writes at once or returns the write
+        (zkbeat.contrib.django): nothing the host writes delays the
+        successor then. Neither error stops the shutdown: the ledger holds the runs.
+        """
+        late = None
+        if self.leading or (self.sharded and any(shard.term is not None for shard in self._shards)):
+            try:
+                # Still leading (with shards, some shard: the host writes only those it leads): its own record.
+                late = self.sync_at_close()
+            except Exception:  # noqa: BLE001 - the ledger holds the runs; shutdown must finish
+                logger.warning("zkbeat: could not sync the schedule at shutdown", exc_info=True)
+        self._closed = True
+        self._shut_down()
+        if late is not None:
+            try:
+                late()
+            except Exception:  # noqa: BLE001 - as above; the successor leads already
+                logger.warning("zkbeat: could not sync the schedule after handing over", exc_info=True)
+
     def _shut_down(self) -> None:
         for shard in self._shards:
             with self.shard_current(shard):

@@ -1,0 +1,224 @@
+"""zkbeat.DatabaseScheduler's close(): hand over first, write the rows' run times after, never over a newer run.
+
+In-process on real PostgreSQL, ZooKeeper and Redis. The leader takes what it
+must write while it still leads, deletes its candidate (a successor takes
+over at once), then writes; that late write leaves every row a successor
+wrote a newer run to since (``write_run_times(..., only_newer=True)``).
+What the write saw of ZooKeeper is recorded by wrapping it, from the test's
+own ZooKeeper client.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from datetime import timedelta
+
+import pytest
+from kazoo.client import KazooClient
+
+from tests.support.djangosupport import database_unreachable, interval_task
+from tests.support.helpers import Published, lead, names_in_every_shard, wait_for
+from zkbeat.coordination.shards import entry_shard
+
+pytestmark = pytest.mark.usefixtures("beat_db")
+
+
+@pytest.fixture
+def beat_scheduler() -> str:
+    """make_scheduler builds zkbeat.DatabaseScheduler here."""
+    return "zkbeat.DatabaseScheduler"
+
+
+def pump(scheduler, until, timeout: float = 30):
+    """Run the scheduler's loop (without its sleeps) until ``until()`` holds."""
+
+    def step():
+        scheduler.tick()
+        return until()
+
+    return wait_for(step, timeout=timeout, interval=0.05)
+
+
+def row(name: str):
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.get(name=name)
+
+
+class Writes(list):
+    """Each call of write_run_times from the scheduler: (candidates still in ZooKeeper, pks, only_newer)."""
+
+    def __init__(self, monkeypatch, zk_client: KazooClient, candidates: list[str], before=None) -> None:
+        from zkbeat.contrib import django as django_module  # Django is configured by the beat_db fixture
+
+        super().__init__()
+        real = django_module.write_run_times
+
+        def recording(model, runs, *args, **kwargs):
+            alive = [path for path in candidates if zk_client.exists(path) is not None]
+            self.append((alive, sorted(pk for pk, _, _ in runs), kwargs.get("only_newer", False)))
+            if before is not None:
+                before()
+            return real(model, runs, *args, **kwargs)
+
+        monkeypatch.setattr(django_module, "write_run_times", recording)
+
+
+def candidates_of(scheduler) -> list[str]:
+    paths = [shard.election.candidate for shard in scheduler._shards]
+    assert all(paths), paths
+    return paths
+
+
+def test_close_deletes_the_candidate_before_it_writes_the_run_times(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch
+) -> None:
+    """The write at close() starts once the candidate is gone from ZooKeeper; the rows hold the runs after it."""
+    interval_task("report", 1)
+    interval_task("digest", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3 and published.count("digest") >= 3)
+    pump(scheduler, lambda: {"report", "digest"} <= scheduler._dirty)
+    writes = Writes(monkeypatch, zk_client, candidates_of(scheduler))
+    ledger = scheduler.ledger.load(["report", "digest"])
+    scheduler.close()
+
+    assert writes == [([], sorted([row("report").pk, row("digest").pk]), True)], (
+        "the run times must be written once, guarded, after the candidate is gone"
+    )
+    for name in ("report", "digest"):
+        assert row(name).total_run_count == ledger[name].state.total_run_count
+        assert row(name).last_run_at >= ledger[name].state.last_run_at
+
+
+def test_the_write_after_the_handover_never_lowers_a_newer_run(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch
+) -> None:
+    """A successor wrote a later run to one row before the late write: that row keeps it; the other gets its run."""
+    from django_celery_beat.models import PeriodicTask
+
+    interval_task("report", 1)
+    interval_task("digest", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3 and published.count("digest") >= 3)
+    pump(scheduler, lambda: {"report", "digest"} <= scheduler._dirty)
+    ledger = scheduler.ledger.load(["report", "digest"])
+    newer = ledger["report"].state.last_run_at + timedelta(hours=1)
+
+    def successor_writes() -> None:
+        PeriodicTask.objects.filter(name="report").update(last_run_at=newer, total_run_count=1000)
+
+    writes = Writes(monkeypatch, zk_client, candidates_of(scheduler), before=successor_writes)
+    scheduler.close()
+
+    assert len(writes) == 1 and writes[0][0] == []
+    assert (row("report").last_run_at, row("report").total_run_count) == (newer, 1000), "a newer run was overwritten"
+    assert row("digest").total_run_count == ledger["digest"].state.total_run_count
+    assert row("digest").last_run_at >= ledger["digest"].state.last_run_at
+
+
+@pytest.mark.parametrize("joined", [True, False], ids=["joined", "per-row"])
+def test_only_newer_leaves_rows_whose_run_is_as_new_or_newer(monkeypatch, joined: bool) -> None:
+    """write_run_times(only_newer=True) writes a row that never ran or ran earlier, not one that ran as late or later;
+    without it every enabled row is written (the leader's own syncs). Both the joined UPDATE and the per-row one."""
+    from django.utils import timezone
+    from django_celery_beat.models import PeriodicTask
+
+    from zkbeat.contrib import _runs
+
+    monkeypatch.setattr(_runs, "_joins", lambda connection: joined)
+    now = timezone.now().replace(microsecond=0)
+    rows = {
+        name: interval_task(name, 60, last_run_at=at, total_run_count=5)
+        for name, at in [("never", None), ("older", now - timedelta(minutes=1)), ("same", now),
+                         ("newer", now + timedelta(minutes=1))]
+    }  # fmt: skip
+    _runs.write_run_times(PeriodicTask, [(r.pk, now, 6) for r in rows.values()], only_newer=True)
+    assert {name: (row(name).last_run_at, row(name).total_run_count) for name in rows} == {
+        "never": (now, 6),
+        "older": (now, 6),
+        "same": (now, 5),
+        "newer": (now + timedelta(minutes=1), 5),
+    }
+    _runs.write_run_times(PeriodicTask, [(rows["newer"].pk, now, 7)])
+    assert (row("newer").last_run_at, row("newer").total_run_count) == (now, 7)
+
+
+def test_with_shards_only_the_rows_of_the_shards_still_led_are_written_after_the_handover(
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published, monkeypatch
+) -> None:
+    """zkbeat_shards=2, one shard's leadership gone (its term not yet ended) at close(): the late write holds the
+    rows of the shard still led, none of the other's, and starts once every candidate is gone."""
+    names = names_in_every_shard(zk_root, 2, per_shard=3)
+    for name in names:
+        interval_task(name, 1)
+    scheduler = make_scheduler(zkbeat_shards=2)
+    for shard in scheduler._shards:
+        assert shard.election.wait_for_leadership(15), f"never led shard {shard.index}"
+    pump(scheduler, lambda: all(published.count(name) >= 3 for name in names))
+    pump(scheduler, lambda: set(names) <= scheduler._dirty)
+    shard_of = {name: entry_shard(scheduler.zk_settings.hosts, scheduler.zk_settings.root, name, 2) for name in names}
+    kept = sorted(row(name).pk for name in names if shard_of[name] == 0)
+    assert kept and len(kept) < len(names), shard_of
+    candidates = candidates_of(scheduler)
+    # Not leading shard 1 from here (out of its line, no new candidate); its term ends at the next pass.
+    scheduler._shards[1].election.step_down(hold=True, reason="a test takes shard 1 away")
+    assert scheduler._shards[1].term is not None and not scheduler._shards[1].election.leadership
+    writes = Writes(monkeypatch, zk_client, candidates)
+    scheduler.close()
+
+    assert writes == [([], kept, True)]
+
+
+def test_a_failing_database_at_close_is_logged_and_the_candidate_is_gone(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog
+) -> None:
+    """The database refuses connections when the late write comes: close() finishes, says so, and the
+    candidate was deleted before the write was tried."""
+    interval_task("report", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3)
+    pump(scheduler, lambda: "report" in scheduler._dirty)
+    candidates = candidates_of(scheduler)
+    writes = Writes(monkeypatch, zk_client, candidates)
+    with caplog.at_level(logging.WARNING, logger="zkbeat"), database_unreachable():
+        scheduler.close()
+
+    assert scheduler.closed
+    assert [alive for alive, _, _ in writes] == [[]], "the write must be tried after the handover"
+    assert zk_client.exists(candidates[0]) is None
+    assert any("cannot write run times" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_second_sigterm_during_the_late_write_waits_until_it_is_done(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch
+) -> None:
+    """A signal that lands as the late write starts is held (as for the rest of close()): the rows get the runs,
+    then the signal goes through."""
+    interval_task("report", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3)
+    pump(scheduler, lambda: "report" in scheduler._dirty)
+    ledger = scheduler.ledger.load(["report"])["report"].state
+    candidates = candidates_of(scheduler)
+    writes = Writes(monkeypatch, zk_client, candidates, before=lambda: signal.raise_signal(signal.SIGTERM))
+
+    class Terminated(BaseException):
+        pass
+
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(Terminated):
+            scheduler.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [alive for alive, _, _ in writes] == [[]]
+    assert row("report").total_run_count == ledger.total_run_count, "the signal cut the late write short"
