@@ -224,7 +224,8 @@ def _trial(bench: Bench, db: ScheduleDatabase, flavour: Flavour, count: int, out
                 out["handover_successor"].values.append(event.at - stopped)
                 bench.say(f"  {flavour.key} {count:,} rows: SIGTERM of the leader, successor leading after "
                           f"{event.at - t0:.2f} s: the leader stopped leading after {stopped - t0:.2f} s (its "
-                          f"final write of run times), the successor led {event.at - stopped:.2f} s later"
+                          f"pass ended; run times are written after the handover), the successor led "
+                          f"{event.at - stopped:.2f} s later"
                           f"{_read_line(run)}; {event.message.split('; ', 1)[-1]}")  # fmt: skip
     bench.drop(run.root)
 
@@ -349,7 +350,7 @@ def _rows(bench: Bench, db: ScheduleDatabase, count: int, flavours: tuple[Flavou
         ),
         Row(
             scenario,
-            "of which SIGTERM → the leader's \"stopped leading\" (it writes the rows' run times first)",
+            'of which SIGTERM → the leader\'s "stopped leading" (its pass ends; run times written after it)',
             "s",
             samples["handover_leaving"],
             digits=2,
