@@ -250,6 +250,7 @@ def test_the_late_write_leaves_a_row_a_successor_is_writing_and_never_deadlocks_
     wants another: the late write leaves the held row to it (it never waits for a row lock), writes the rest,
     and neither write is aborted as a deadlock. Before, the late write locked its first row, waited for the
     second, and PostgreSQL aborted it: the other rows of its chunk kept their earlier runs."""
+    import psycopg2
     from django_celery_beat.models import PeriodicTask
 
     interval_task("alpha", 1)  # made first: its row comes first both by name and on disk
@@ -285,8 +286,13 @@ def test_the_late_write_leaves_a_row_a_successor_is_writing_and_never_deadlocks_
 
     try:
         with successor.cursor() as cursor:
-            # The successor's deadlock check comes late: if there is a cycle, the late write is the one it ends.
-            cursor.execute("SET deadlock_timeout = '20s'")
+            # The successor's deadlock check comes late: if there is a cycle, the late write is the one it ends
+            # (a superuser's setting: without it, either may be ended, and the test fails either way).
+            try:
+                cursor.execute("SET deadlock_timeout = '20s'")
+                successor.commit()
+            except psycopg2.Error:
+                successor.rollback()
             cursor.execute(f"UPDATE {table} SET last_run_at = %s, total_run_count = 1000 WHERE name = 'bravo'", [newer])
         thread = threading.Thread(target=then_wants_alpha, daemon=True)
         thread.start()
