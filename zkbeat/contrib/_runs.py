@@ -16,10 +16,13 @@ operator's last edit, and the write is not mistaken for one.
 With ``only_newer``, only rows whose ``last_run_at`` is empty or older than
 the one written: a leader's write after it handed over
 (zkbeat.contrib.django) must not lower a newer run its successor wrote
-meanwhile. The condition is in the ``UPDATE``'s own ``WHERE``, which
-PostgreSQL checks again on the current row once it holds the row's lock
-(READ COMMITTED), so it also holds against a successor's write that
-commits while this one waits for the row.
+meanwhile. The condition is in the ``UPDATE``'s own ``WHERE``. On
+PostgreSQL that write also never waits for a row lock: each chunk first
+locks its rows ``FOR UPDATE SKIP LOCKED`` and writes only those. A row
+another transaction is writing (the successor's sync, many rows in one
+statement, in an order of its plan's choosing) is left to it; waiting for
+it could close a cycle with the successor, and PostgreSQL would abort one
+of the two writes as a deadlock.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import Model, Q
 
 __all__ = ["write_run_times"]
@@ -40,7 +43,8 @@ CHUNK = {"postgresql": 1000, "sqlite": 300}
 def write_run_times(model: type[Model], runs: Sequence[tuple[int, datetime, int]], *, only_newer: bool = False) -> None:
     """Write (pk, last_run_at, total_run_count) to each row of ``model`` that is still enabled.
 
-    ``only_newer``: and whose ``last_run_at`` is empty or older than the one written.
+    ``only_newer``: and whose ``last_run_at`` is empty or older than the one written (on PostgreSQL: and
+    that no other transaction holds locked; this write never waits for one).
     """
     if not runs:
         return
@@ -86,15 +90,31 @@ def _write_joined(
         where += f" AND ({table}.{last_run} IS NULL OR {table}.{last_run} < {columns[1]})"
     size = CHUNK[connection.vendor]
     adapt = connection.ops.adapt_datetimefield_value
+
+    def update(cursor, chunk: Sequence[tuple[int, datetime, int]]) -> None:
+        params: list = []
+        for key, last_run_at, total_run_count in chunk:
+            params += (key, adapt(last_run_at), total_run_count)
+        cursor.execute(
+            f"UPDATE {table} SET {last_run} = {columns[1]}, {count} = {columns[2]} "
+            f"FROM (VALUES {', '.join([row] * len(chunk))}) AS {source} "
+            f"WHERE {where}",
+            params,
+        )
+
+    skip_locked = only_newer and connection.vendor == "postgresql"
     with connection.cursor() as cursor:
         for start in range(0, len(runs), size):
             chunk = runs[start : start + size]
-            params: list = []
-            for key, last_run_at, total_run_count in chunk:
-                params += (key, adapt(last_run_at), total_run_count)
-            cursor.execute(
-                f"UPDATE {table} SET {last_run} = {columns[1]}, {count} = {columns[2]} "
-                f"FROM (VALUES {', '.join([row] * len(chunk))}) AS {source} "
-                f"WHERE {where}",
-                params,
-            )
+            if not skip_locked:
+                update(cursor, chunk)
+                continue
+            with transaction.atomic(using=connection.alias):  # its rows stay locked until its UPDATE is done
+                cursor.execute(
+                    f"SELECT {pk} FROM {table} WHERE {pk} = ANY(%s{casts[0]}[]) FOR UPDATE SKIP LOCKED",
+                    [[key for key, _, _ in chunk]],
+                )
+                locked = {key for (key,) in cursor.fetchall()}
+                chunk = [run for run in chunk if run[0] in locked]
+                if chunk:
+                    update(cursor, chunk)
