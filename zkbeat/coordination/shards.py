@@ -91,6 +91,7 @@ __all__ = [
     "election_path",
     "handover_path",
     "unready_path",
+    "list_unready",
     "Move",
     "rebalance",
     "FairShare",
@@ -186,6 +187,25 @@ def handover_path(root: str, shard: int = 0, shards: int = 1) -> str:
 def unready_path(root: str) -> str:
     """Where replicas that cannot lead now say so: one ephemeral child per such replica, named by its replica id."""
     return f"{root}/{LAYOUT_DIR}/unready"
+
+
+def list_unready(client: KazooClient, path: str, watch: Callable[[WatchedEvent], None] | None = None) -> frozenset[str]:
+    """The replica ids marked in the unready listing at ``path`` (:func:`unready_path`); a stranger's child names none.
+
+    ``watch`` is set on the listing, or on its creation while there is none
+    (made between the two reads: listed once more). Raises NoAuthError and
+    the connection's errors: each reader says so in its own words.
+    """
+    try:
+        children = client.get_children(path, watch=watch)
+    except NoNodeError:
+        if client.exists(path, watch=watch) is None:
+            return frozenset()
+        try:
+            children = client.get_children(path, watch=watch)
+        except NoNodeError:
+            return frozenset()  # gone again: the watch exists set fires on that
+    return frozenset(child for child in children if _REPLICA_ID.match(child))
 
 
 @dataclass(frozen=True)
@@ -351,11 +371,7 @@ class FairShare:
         if self._unready_path is None:
             return frozenset()
         try:
-            children = self._client.get_children(self._unready_path, watch=self._on_change)
-        except NoNodeError:
-            if self._client.exists(self._unready_path, watch=self._on_change) is not None:
-                self._changed.set()  # made between the two reads: list it at the next pass
-            return frozenset()
+            return list_unready(self._client, self._unready_path, watch=self._on_change)
         except NoAuthError:
             if not self._unreadable_said:
                 self._unreadable_said = True
@@ -365,7 +381,6 @@ class FairShare:
                     self._unready_path,
                 )
             return frozenset()
-        return frozenset(child for child in children if _REPLICA_ID.match(child))
 
     def _unready_now(self) -> frozenset[str]:
         """The listing as read, with this replica as it knows itself: its mark may be unwritten yet, or refused."""

@@ -307,23 +307,20 @@ def read_unready(client: KazooClient, root: str, watch: Any = None) -> dict[str,
     """
     path = _shards.unready_path(root.rstrip("/"))
     try:
-        children = client.get_children(path, watch=watch)
-    except NoNodeError:
-        if watch is not None and client.exists(path, watch=watch) is not None:
-            return read_unready(client, root, watch)  # made between the two reads
-        return {}
+        marked = _shards.list_unready(client, path, watch=watch)
     except NoAuthError:
         return {}
+    requests = [(replica, client.get_async(f"{path}/{replica}")) for replica in sorted(marked)]  # one round trip
     found = {}
-    for child in children:
+    for replica, request in requests:
         try:
-            raw, _ = client.get(f"{path}/{child}")
+            raw, _ = request.get()
             why = json.loads(raw.decode("utf-8")).get("why")
         except (NoNodeError, NoAuthError):
             continue
         except (ValueError, AttributeError):
             why = None
-        found[child] = why if isinstance(why, str) else "unknown"
+        found[replica] = why if isinstance(why, str) else "unknown"
     return found
 
 
