@@ -27,6 +27,7 @@ so a run recorded by someone else is never overwritten blindly.
 from __future__ import annotations
 
 import json
+import json.scanner
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -199,6 +200,67 @@ def _decode_pause(value: Any) -> Pause | None:
 
 def decode_state(raw: bytes) -> EntryState:
     """Parse a ledger znode; ValueError for anything zkbeat did not write."""
+    state = _decode_written(raw)
+    return state if state is not None else _decode_any(raw)
+
+
+#: json.loads without its checks around the value (a leading BOM or blank, trailing data): the
+#: same scanner, with the same settings; data with any of those takes the general path.
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())
+_from_iso = datetime.fromisoformat
+_UTC = timezone.utc
+
+
+def _decode_written(raw: bytes) -> EntryState | None:
+    """The state of a znode as encode_state writes it, or None for anything else.
+
+    A leader taking over decodes every entry's znode: this path costs about
+    half the general one. It takes only what the general path (``_decode_any``)
+    would read the same way (times in UTC, counts and epochs of the right
+    types) and gives up before anything that logs, so that path decides the rest.
+    """
+    try:
+        text = raw.decode("utf-8")
+        data, end = _scan_json(text, 0)
+    except (StopIteration, ValueError):
+        return None
+    if end != len(text) or type(data) is not dict:
+        return None
+    get = data.get
+    count, epoch = get("total_run_count", 0), get("epoch")
+    if type(count) is not int or count < 0 or (epoch is not None and type(epoch) is not int):
+        return None
+    last_run_at, updated_at, slot = get("last_run_at"), get("updated_at"), get("slot")
+    if type(last_run_at) is not str or not (updated_at is None or type(updated_at) is str):
+        return None
+    if not (slot is None or type(slot) is str):
+        return None
+    try:
+        last_run_at = _from_iso(last_run_at)
+        updated_at = None if updated_at is None else _from_iso(updated_at)
+        slot = None if slot is None else _from_iso(slot)
+    except ValueError:
+        return None
+    if last_run_at.tzinfo is not _UTC or (updated_at is not None and updated_at.tzinfo is not _UTC):
+        return None
+    if slot is not None and slot.tzinfo is not _UTC:
+        return None
+    paused, manual, early, recent = get("paused"), get("manual"), get("early"), get("recent")
+    return EntryState(
+        last_run_at=last_run_at,
+        total_run_count=count,
+        epoch=epoch,
+        updated_at=updated_at,
+        slot=slot,
+        paused=None if paused is None else _decode_pause(paused),
+        manual=manual if type(manual) is str else None,
+        early=() if early is None else _decode_early(early),
+        recent=() if recent is None else decode_runs(recent),
+    )
+
+
+def _decode_any(raw: bytes) -> EntryState:
+    """Any ledger znode: older layouts, naive or other zones' times, odd fields; ValueError for what zkbeat did not write."""
     data = json.loads(raw.decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
