@@ -260,7 +260,7 @@ def _decode_written(raw: bytes) -> EntryState | None:
 
 
 def _decode_any(raw: bytes) -> EntryState:
-    """Any ledger znode: older layouts, naive or other zones' times, odd fields; ValueError for what zkbeat did not write."""
+    """Any ledger znode: older layouts, other zones' times, odd fields; ValueError for what zkbeat did not write."""
     data = json.loads(raw.decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
