@@ -217,7 +217,7 @@ def _decode_written(raw: bytes) -> EntryState | None:
     """The state of a znode as encode_state writes it, or None for anything else.
 
     A leader taking over decodes every entry's znode: this path costs about
-    half the general one. It takes only what the general path (``_decode_any``)
+    a third less than the general one. It takes only what the general path (``_decode_any``)
     would read the same way (times in UTC, counts and epochs of the right
     types) and gives up before anything that logs, so that path decides the rest.
     """
@@ -508,8 +508,8 @@ def _collector_held() -> Iterator[None]:
 
     A load leaves some fifteen new container objects per entry (states, runs,
     records, stats). With the collector on, every 700 of them start a
-    collection, and every few dozen of those a full one that walks the whole
-    heap again: at 100,000 entries, more time than the decoding itself. A load
+    collection, and now and then a full one walks the whole heap again: at
+    100,000 entries about as much time as the decoding itself. A load
     makes no reference cycles, so nothing waits for the collector; its one
     collection of the new objects afterwards replaces the hundreds during.
     Two loads at once in two threads: the first to end turns it back on.
