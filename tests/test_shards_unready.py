@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -29,8 +30,10 @@ from tests.support.helpers import Published, every, names_in_every_shard, wait_f
 from tests.support.servers import free_port
 from tests.test_shards import lead_every_shard, zkbeat
 from tests.test_shards_review import Loop, count_terms
+from zkbeat.conf import read_settings
 from zkbeat.coordination.candidates import CandidateReader
 from zkbeat.coordination.shards import REPLICA_KEY, FairShare, Move, election_path, rebalance, unready_path
+from zkbeat.ops.dashboard.model import ClusterModel
 
 # -- the rule -------------------------------------------------------------------
 
@@ -625,3 +628,91 @@ def test_replicas_marked_unready_keep_a_shard_none_behind_them_can_lead(
         assert all(s.election.leadership is not None for s in first._shards)
     assert sorted(shard for shard, _ in first_terms) == [0, 1], first_terms
     assert second_terms == [], second_terms
+
+
+def test_status_and_the_dashboard_list_a_replica_marked_unready_that_is_in_no_line(
+    make_scheduler,
+    zk_server,
+    redis_server,
+    tmp_path,
+    zk_client: KazooClient,
+    zk_root: str,
+    quick: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``broken`` leads both shards and its schedule never loads: it steps aside from both and stays out of every
+    line (LOAD_RECHECK, an hour here). `zkbeat status` (text and --json) and the dashboard's model still list
+    its mark, with its reason and since when (before, only marks of replicas in a line showed: it was in no
+    table), and so does the page's replicas table. A stranger's child in the listing is shown nowhere."""
+    monkeypatch.setattr(leadership_module, "LOAD_RECHECK", 3600.0)
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 5.5, "beat_max_loop_interval": 0.2}
+    broken = make_scheduler({"a": every(1)}, identity="broken", **settings)
+    broken.schedule_loaded = lambda: False
+    broken.schedule_readable = lambda: False
+    lead_every_shard(broken)
+    zk_client.create(f"{unready_path(zk_root)}/not-a-replica", b'{"why": "a stranger"}', makepath=True)
+    mark = f"{unready_path(zk_root)}/{broken._replica}"
+
+    def out_of_every_line() -> bool:
+        lines = lines_of(zk_client, zk_root, 2)
+        return zk_client.exists(mark) is not None and not any(broken._replica in line for line in lines.values())
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(Loop(broken))
+        wait_for(out_of_every_line, timeout=60, message=lambda: repr(lines_of(zk_client, zk_root, 2)))
+        why = json.loads(zk_client.get(mark)[0])["why"]
+        good = make_scheduler({"a": every(1)}, identity="good", **settings)
+        lead_every_shard(good)
+        stack.enter_context(Loop(good))  # it announces itself: the dashboard's page waits for a leader
+
+        shown = zkbeat(good, "status").stdout
+        said = [line for line in shown.splitlines() if line.startswith("not ready to lead")]
+        assert len(said) == 1, shown
+        assert said[0].startswith(f"not ready to lead: broken (pid {os.getpid()}, in no line): {why}, since "), said
+        assert "a stranger" not in shown, shown
+        found = json.loads(zkbeat(good, "status", "--json").stdout)
+        assert [c["identity"] for c in found["candidates"]] == ["good"], found["candidates"]
+        (listed,) = found["unready"]
+        assert listed["replica"] == broken._replica and listed["identity"] == "broken", listed
+        assert listed["why"] == why and listed["in_line"] is False and listed["since"], listed
+
+        client = KazooClient(zk_server.hosts)
+        client.start(timeout=15)
+        model = ClusterModel(
+            client, read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, **settings}, None)
+        )
+        model.start()
+        try:
+            wait_for(lambda: model.snapshot().get("unready"), timeout=30, message=lambda: repr(model.snapshot()))
+            (shown_mark,) = model.snapshot()["unready"]
+            assert {k: shown_mark[k] for k in ("replica", "identity", "why", "in_line")} == {
+                "replica": broken._replica,
+                "identity": "broken",
+                "why": why,
+                "in_line": False,
+            }, shown_mark
+            assert shown_mark["since"], shown_mark
+        finally:
+            model.stop()
+            client.stop()
+            client.close()
+
+        # The page's replicas table (chromium) has a row for it.
+        env = {
+            "ZKBEAT_HOSTS": zk_server.hosts,
+            "ZKBEAT_TEST_BROKER": redis_server.url,
+            "ZKBEAT_TEST_ROOT": zk_root,
+            "ZKBEAT_TEST_CONF": json.dumps({"zkbeat_shards": 2}),
+        }
+        dashboard = Dashboard(env, tmp_path)
+        try:
+            dashboard.wait_ready()
+            with browser_page() as page:
+                page.goto(dashboard.url)
+                row = "#candidates tbody tr.unready.out-of-line"
+                wait_for(lambda: page.query_selector(row), timeout=30, message=lambda: page.inner_text("#candidates"))
+                text = page.inner_text(row)
+                assert "broken" in text and f"not ready to lead: {why}; in no line; since" in text, text
+                assert "a stranger" not in page.inner_text("#candidates")
+        finally:
+            dashboard.stop()

@@ -72,6 +72,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -314,8 +315,11 @@ class FairShare:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
         unready: str | None = None,
+        about: Mapping[str, Any] | None = None,
     ) -> None:
         self.me = me
+        #: Who this replica is (identity, host, pid), written into its mark: one out of every line is named by it.
+        self._about = dict(about or {})
         self.shards = len(paths)
         self._client = client
         self._readers = [CandidateReader(client, path, timeout=timeout) for path in paths]
@@ -429,7 +433,7 @@ class FairShare:
         path = f"{self._unready_path}/{self.me}"
         try:
             if self.unready_why is not None and not marked:
-                data = json.dumps({"why": self.unready_why, "since": time.time()}).encode()
+                data = json.dumps({**self._about, "why": self.unready_why, "since": time.time()}).encode()
                 try:
                     self._client.create(path, data, ephemeral=True, makepath=True)
                 except NodeExistsError:
