@@ -547,7 +547,7 @@ def test_a_marked_replica_steps_aside_only_for_a_ready_one_behind_it_in_that_lin
 
 
 def _marked(scheduler: Any, attempts: list[int]) -> None:
-    """``scheduler`` cannot read its schedule (each load attempt recorded by shard), and says so before it joins."""
+    """``scheduler`` cannot read its schedule (each load attempt recorded by shard), and says so before it runs."""
 
     def loaded() -> bool:
         attempts.append(scheduler._shard.index)

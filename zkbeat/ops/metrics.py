@@ -57,8 +57,10 @@ class Metrics:
             self._prom["is_leader"].set(1 if is_leader else 0)
 
     def schedule_load_step_down(self) -> None:
-        """This replica stepped aside: its schedule had not loaded within the stall timeout of taking over (or, marked
-        unready, at its first try with a replica that can lead behind it)."""
+        """This replica stepped aside: its schedule had not loaded within the stall timeout of taking over.
+
+        Or, already marked unready, at its first try, with a replica that can lead behind it in that line.
+        """
         if self._prom:
             self._prom["schedule_load_step_downs"].inc()
 
