@@ -105,6 +105,7 @@ class Replica:
                 timeout=settings.session_timeout,
                 on_change=self._wake.set,  # a sleeping replica wakes when the lines change (its share may move)
                 unready=unready_path(settings.root),
+                about={key: data[key] for key in ("identity", "host", "pid")},  # its mark names it out of line too
             )
         logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
         # start_async: an unreachable ZooKeeper is retried in the background;

@@ -42,7 +42,7 @@ from ..ledger import controls
 from ..ledger.history import cut_identity, shown
 from ..ledger.store import LedgerRecord
 from . import status as _status
-from .status import ClusterStatus, NotAZkbeatRoot, read_election, read_entry, read_status
+from .status import ClusterStatus, NotAZkbeatRoot, UnreadyMark, read_election, read_entry, read_status
 
 __all__ = ["main", "celery_command"]
 
@@ -287,6 +287,13 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
+def _unready_line(mark: UnreadyMark) -> str:
+    """One replica's unready mark: who, why and since when; also of one in no line (it stepped aside a while)."""
+    where = "" if mark.in_line else ", in no line"
+    who = f"{mark.identity or f'replica {mark.replica}'} (pid {mark.pid or '?'}{where})"
+    return f"not ready to lead: {who}: {mark.why}, since {_ago(mark.since)}; handed no shard"
+
+
 def _render(found: ClusterStatus, show_all: bool, target: Target) -> str:
     lines = [f"zkbeat root {found.root} on {found.hosts}"]
     head, leader = found.head, found.leader
@@ -316,11 +323,7 @@ def _render(found: ClusterStatus, show_all: bool, target: Target) -> str:
         rows.append([str(place), epoch, identity, c.host or "-", str(c.pid or "-"), _ago(c.started_at), version])
     lines.append(f"{'replicas' if found.sharded else 'candidates'} ({len(found.candidates)}):")
     lines.extend(_table(rows) if found.candidates else ["  none"])
-    lines.extend(
-        _printable(f"not ready to lead: {c.identity or '?'} (pid {c.pid or '?'}): {c.unready}; handed no shard")
-        for c in found.candidates
-        if c.unready is not None
-    )
+    lines.extend(_printable(_unready_line(mark)) for mark in found.unready)
     entries = sorted(found.entries, key=lambda e: (e.next_due is None, e.next_due or "", e.name))
     shown = entries if show_all else entries[:ENTRY_LIMIT]
     lines.append(f"entries ({len(entries)}):")

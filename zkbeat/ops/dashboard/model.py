@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -52,7 +53,7 @@ from ...coordination.peers import layout_of
 from ...coordination.shards import REPLICA_KEY, election_path, entry_shard
 from ...ledger import history
 from ...ledger.store import EntryState, decode_answer, decode_name, encode_name
-from ..status import read_unready
+from ..status import UnreadyMark, place_marks, read_marks
 from . import describe
 
 __all__ = ["ClusterModel", "OBSERVED_LEADERS"]
@@ -135,8 +136,8 @@ class ClusterModel:
             CandidateReader(client, path, timeout=settings.session_timeout) for path in self.election_paths[1:]
         ]
         self._shard_lines: list[tuple[Line, dict[str, Any]]] = [(Line(), {}) for _ in self._shard_readers]
-        #: Replica id -> why, of the replicas that said they cannot lead now (zkbeat_shards > 1).
-        self._unready: dict[str, str] = {}
+        #: Replica id -> mark, of the replicas that said they cannot lead now (zkbeat_shards > 1).
+        self._unready: dict[str, UnreadyMark] = {}
         self._election_stat: Any = None
         self._root_children: list[str] = []
         self._leaders: deque[dict[str, Any]] = deque(maxlen=OBSERVED_LEADERS)
@@ -308,7 +309,7 @@ class ClusterModel:
             self._shard_lines[index - 1] = self._read_shard(reader)
             self._note_owners(index, self._shard_lines[index - 1][0])
         if self._shard_readers:
-            self._unready = read_unready(self.client, self.root, watch=self._on_election)
+            self._unready = read_marks(self.client, self.root, watch=self._on_election)
 
     def _note_owners(self, shard: int, line: Line) -> None:
         """Remember who each candidate of ``shard``'s line is, for the epochs the ledger names later."""
@@ -611,7 +612,7 @@ class ClusterModel:
             "leader_since": str(announced["leader_since"]) if leads else text("leader_since"),
             "readable": node.readable,
             # Why it cannot lead now, if it said so (zkbeat.coordination.shards: handed no shard meanwhile).
-            "unready": self._unready.get(str(data.get(REPLICA_KEY))),
+            "unready": mark.why if (mark := self._unready.get(str(data.get(REPLICA_KEY)))) is not None else None,
         }
 
     def _shard_views(self) -> list[dict[str, Any]]:
@@ -688,7 +689,26 @@ class ClusterModel:
                 "marker": MARKER_DIR in self._root_children,
                 "newer": [f"v{n}" for n in layouts if n > LAYOUT],
             },
+            # Every replica marked unready, in a line or not (out of every line a while after it stepped aside).
+            "unready": [asdict(mark) for mark in place_marks(self._unready, self._in_line())],
         }
+
+    def _in_line(self) -> dict[str, tuple[str | None, str | None, int | None]]:
+        """Replica id -> (identity, host, pid), of each replica in some shard's line."""
+        found: dict[str, tuple[str | None, str | None, int | None]] = {}
+        for line in [self._line, *(line for line, _ in self._shard_lines)]:
+            for node in line.candidates:
+                data, pid = node.data, node.data.get("pid")
+                identity, host = data.get("identity"), data.get("host")
+                found.setdefault(
+                    str(data.get(REPLICA_KEY)),
+                    (
+                        str(identity) if identity is not None else None,
+                        str(host) if host is not None else None,
+                        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                    ),
+                )
+        return found
 
     # -- for the server ----------------------------------------------------------
 
