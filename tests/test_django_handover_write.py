@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.djangosupport import database_unreachable, interval_task
+from tests.support.djangosupport import database_through_proxy, database_unreachable, interval_task
 from tests.support.helpers import Published, lead, names_in_every_shard, wait_for
 from zkbeat.coordination.shards import entry_shard
 
@@ -311,3 +311,88 @@ def test_the_late_write_leaves_a_row_a_successor_is_writing_and_never_deadlocks_
     assert (row("bravo").last_run_at, row("bravo").total_run_count) == (newer, 1000)
     assert row("alpha").total_run_count == ledger["alpha"].state.total_run_count, "the late write lost alpha's run"
     assert row("alpha").last_run_at >= ledger["alpha"].state.last_run_at
+
+
+class TableLocked:
+    """Another transaction holds the task table ACCESS EXCLUSIVE: SKIP LOCKED skips locked rows, not a table lock."""
+
+    def __init__(self) -> None:
+        self._other = _pg_connect(autocommit=False)
+
+    def hang(self) -> None:
+        from django_celery_beat.models import PeriodicTask
+
+        with self._other.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {PeriodicTask._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+
+    def end(self) -> None:
+        self._other.rollback()
+
+    def __enter__(self) -> TableLocked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+        self._other.close()
+
+
+class ServerSilent:
+    """The write's connection goes through a proxy that black-holes it: nothing is answered, nothing closed."""
+
+    def __init__(self) -> None:
+        self._through = database_through_proxy()
+        self._proxy = None
+
+    def hang(self) -> None:
+        self._proxy = self._through.__enter__()  # after close_old_connections(): the write's own connection
+        self._proxy.blackhole()
+
+    def end(self) -> None:
+        if self._proxy is not None:
+            self._proxy.heal()  # resets the black-holed connection: a hung write fails at once
+
+    def __enter__(self) -> ServerSilent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+        if self._proxy is not None:
+            self._through.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("hung", [TableLocked, ServerSilent], ids=["table-locked", "server-silent"])
+def test_a_late_write_the_database_never_finishes_is_cut_short_and_its_rows_keep_their_runs(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog, hung
+) -> None:
+    """The database hangs as the late write starts (no statement timeout of its own): close() gives up on it
+    long before the 30 s signal hold ends, says once how many rows keep their earlier runs and why, and
+    the rows do. Before, close() waited for as long as the database did (here until the test's rescue)."""
+    interval_task("report", 1)
+    interval_task("digest", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 3 and published.count("digest") >= 3)
+    pump(scheduler, lambda: {"report", "digest"} <= scheduler._dirty)
+    earlier = {name: (row(name).last_run_at, row(name).total_run_count) for name in ("report", "digest")}
+    candidates = candidates_of(scheduler)
+    stuck: list[bool] = []
+    with hung() as database:
+        writes = Writes(monkeypatch, zk_client, candidates, before=database.hang)
+
+        def rescue() -> None:  # only on failure: the write still waits, well past the cut-off
+            stuck.append(True)
+            database.end()
+
+        guard = threading.Timer(25, rescue)
+        guard.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="zkbeat"):
+                scheduler.close()
+        finally:
+            guard.cancel()
+    assert not stuck, "close() waited for a database that never answered"
+    assert scheduler.closed and [alive for alive, _, _ in writes] == [[]]
+    assert zk_client.exists(candidates[0]) is None
+    cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
+    assert [(r.levelno, "2 of 2 rows" in r.getMessage()) for r in cut] == [(logging.WARNING, True)], caplog.text
+    assert {name: (row(name).last_run_at, row(name).total_run_count) for name in earlier} == earlier

@@ -32,6 +32,7 @@ import pytest
 import redis
 
 from tests.support.processes import ROOT, Publish, Replica, read_publishes
+from tests.support.proxy import TcpProxy
 from tests.support.servers import free_port
 
 EXAMPLE_PROJECT = ROOT / "example_project"
@@ -195,14 +196,33 @@ def database_unreachable() -> Iterator[None]:
     in-process scheduler and the test alike: they share the connection.
     Everything is as it was again once the block ends.
     """
+    with _database_at(free_port()):
+        yield
+
+
+@contextlib.contextmanager
+def database_through_proxy() -> Iterator[TcpProxy]:
+    """This process's Django connection goes through a TcpProxy to PostgreSQL, which the test can black-hole.
+
+    The connection is open when the block starts: a query sent once the proxy
+    black-holes simply gets no answer, as from a server that stopped answering.
+    """
     from django.db import connection
 
-    from tests.support.servers import free_port
+    with TcpProxy(int(connection.settings_dict["PORT"] or 5432)) as proxy, _database_at(proxy.port):
+        connection.ensure_connection()
+        yield proxy
+
+
+@contextlib.contextmanager
+def _database_at(port: int) -> Iterator[None]:
+    """Django's default connection on 127.0.0.1:``port`` within the block; closed on entry and exit."""
+    from django.db import connection
 
     settings = connection.settings_dict
     saved = {key: settings.get(key) for key in ("HOST", "PORT")}
     connection.close()
-    settings.update(HOST="127.0.0.1", PORT=str(free_port()))
+    settings.update(HOST="127.0.0.1", PORT=str(port))
     try:
         yield
     finally:
