@@ -23,14 +23,16 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import redis
 
+from tests.support.helpers import Published, wait_for
 from tests.support.processes import ROOT, Publish, Replica, read_publishes
 from tests.support.proxy import TcpProxy
 from tests.support.servers import free_port
@@ -298,11 +300,46 @@ def replica_env(*, database_url: str, zk_hosts: str, broker: str, root: str, rec
     }
 
 
+#: A Django test module's marks (``pytestmark``): its schedulers and clusters run zkbeat.DatabaseScheduler
+#: (conftest's ``beat_scheduler``) on the test database, emptied for each test.
+ON_THE_DATABASE = [pytest.mark.usefixtures("beat_db"), pytest.mark.beat_scheduler("zkbeat.DatabaseScheduler")]
+
+
+def pump(scheduler, until: Callable[[], Any], timeout: float = 30, message=None):
+    """Run an in-process scheduler's loop (without its sleeps) until ``until()`` holds; returns what it returned."""
+
+    def step():
+        scheduler.tick()
+        return until()
+
+    return wait_for(step, timeout=timeout, interval=0.05, message=message)
+
+
+def leader_with_runs(make_scheduler, published: Published, names: Iterable[str], times: int = 3, **conf):
+    """A DatabaseScheduler (``make_scheduler(**conf)``) leading every shard, with a row every second for each
+    name made first; returned once each was published ``times`` times and its run is not written to its row yet."""
+    names = list(names)
+    for name in names:
+        interval_task(name, 1)
+    scheduler = make_scheduler(**conf)
+    for shard in scheduler._shards:
+        assert shard.election.wait_for_leadership(15), f"never led shard {shard.index}"
+    pump(scheduler, lambda: all(published.count(name) >= times for name in names))
+    pump(scheduler, lambda: set(names) <= scheduler._dirty)
+    return scheduler
+
+
 def periodic_task(name: str):
     """The task's row as it is in the database now."""
     from django_celery_beat.models import PeriodicTask
 
     return PeriodicTask.objects.get(name=name)
+
+
+def run_times(name: str) -> tuple[datetime | None, int]:
+    """(last_run_at, total_run_count) of the task's row as it is in the database now."""
+    row = periodic_task(name)
+    return row.last_run_at, row.total_run_count
 
 
 class DjangoCluster:
