@@ -340,3 +340,25 @@ def test_a_late_write_the_database_never_finishes_is_cut_short_and_its_rows_keep
     cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
     assert [(r.levelno, "2 of 2 rows" in r.getMessage()) for r in cut] == [(logging.WARNING, True)], caplog.text
     assert {name: run_times(name) for name in earlier} == earlier
+
+
+def test_with_no_time_left_of_the_signal_hold_the_late_write_is_not_tried(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog
+) -> None:
+    """The handover used up the hold (here it has none at all): the write is not begun, as a hung one could not
+    be ended in time; one WARNING says how many rows keep their earlier runs and why, and they do."""
+    from zkbeat.leading import replica
+
+    monkeypatch.setattr(replica, "SIGNAL_HOLD_LIMIT", 0.0)
+    scheduler = leader_with_runs(make_scheduler, published, ["report"])
+    earlier = run_times("report")
+    writes = Writes(monkeypatch, zk_client, candidates_of(scheduler))
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        scheduler.close()
+
+    assert scheduler.closed and writes == []
+    cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
+    assert [(r.levelno, "1 of 1 rows" in r.getMessage(), "no time left" in r.getMessage()) for r in cut] == [
+        (logging.WARNING, True, True)
+    ], caplog.text
+    assert run_times("report") == earlier
