@@ -279,6 +279,9 @@ GARBAGE = {
     "epoch bool": json.dumps({"last_run_at": "2024-05-01T12:00:00+00:00", "epoch": True}).encode(),
     "updated_at number": json.dumps({"last_run_at": "2024-05-01T12:00:00+00:00", "updated_at": 7}).encode(),
     "slot list": json.dumps({"last_run_at": "2024-05-01T12:00:00+00:00", "slot": []}).encode(),
+    # Valid JSON that Python's json cannot decode (RecursionError, not ValueError): Ledger.load raised it
+    # out of every takeover's term, and each leader stepped down every three passes, publishing nothing.
+    "nested past the recursion limit": b"[" * 100_000 + b"]" * 100_000,
 }
 
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -456,7 +457,8 @@ def test_a_stranger_s_ephemeral_listing_that_takes_no_marks_stops_no_step_back(
 def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
     make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
 ) -> None:
-    """What docs/how-it-works.md says of ``<root>/v1/unready/<replica id>``: ephemeral, JSON {why, since}; and
+    """What docs/how-it-works.md says of ``<root>/v1/unready/<replica id>``: ephemeral, JSON {why, since,
+    identity, host, pid}; and
     docs/sharding.md: a replica that stops leaves none behind. ``leader`` leads both shards (never ticking),
     so the marked replica leads nothing that could unmark it."""
     settings: dict[str, Any] = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
@@ -473,6 +475,7 @@ def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
         data = json.loads(raw)
         assert data["why"] == "test: cannot lead"
         assert isinstance(data["since"], float) and abs(data["since"] - time.time()) < 3600, data
+        assert (data["identity"], data["host"], data["pid"]) == ("r", socket.gethostname(), os.getpid()), data
     wait_for(lambda: zk_client.exists(mark) is None, timeout=30, message="the mark outlived its replica")
 
 
@@ -716,3 +719,61 @@ def test_status_and_the_dashboard_list_a_replica_marked_unready_that_is_in_no_li
                 assert "a stranger" not in page.inner_text("#candidates")
         finally:
             dashboard.stop()
+
+
+def test_a_replica_marked_unready_with_nobody_behind_it_keeps_trying(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """docs/sharding.md: with none behind it that can lead, "none steps aside for nobody". ``marked`` said it
+    cannot lead and is alone behind ``leader`` in both lines; ``leader`` stops: ``marked`` leads both shards
+    and keeps trying its schedule (zkbeat_stall_timeout is an hour), never out of a line in favour of nobody."""
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    marked = make_scheduler(entries, identity="marked", **settings)
+    attempts: list[int] = []
+    _marked(marked, attempts)
+    step_downs: list[int] = []
+    marked.metrics.schedule_load_step_down = lambda: step_downs.append(1)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    mark = f"{unready_path(zk_root)}/{marked._replica}"
+    with Loop(marked):
+        wait_for(lambda: zk_client.exists(mark), timeout=30, message="no unready mark")
+        wait_for(lambda: marked._replica in marked._fair_share.unready(), timeout=30)
+        leader.close()
+        wait_for(lambda: all(s.term is not None for s in marked._shards), timeout=60, message="marked took no shard")
+        wait_for(lambda: min(attempts.count(0), attempts.count(1)) >= 8, timeout=60)
+        assert all(s.election.leadership is not None for s in marked._shards)
+    assert step_downs == [], step_downs
+
+
+def test_a_replica_whose_mark_is_refused_never_steps_aside_at_once(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """docs/sharding.md: a replica whose mark ZooKeeper refuses "never steps aside at once (it cannot tell then
+    which replicas are marked)". ``<root>/v1/unready`` is someone else's, under an ACL that denies zkbeat
+    everything; ``marked`` said it cannot lead and heads both lines with ``ready`` behind it when ``leader``
+    stops: it keeps trying its schedule in both shards (zkbeat_stall_timeout is an hour), ``ready`` leads none."""
+    zk_client.ensure_path(f"{zk_root}/v1")
+    zk_client.create(unready_path(zk_root), acl=[make_digest_acl("someone", "else", all=True)])
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    marked = make_scheduler(entries, identity="marked", **settings)
+    attempts: list[int] = []
+    _marked(marked, attempts)
+    marked._fair_share.decide = lambda: None  # the moment before it steps back: no move of its fair share
+    step_downs: list[int] = []
+    marked.metrics.schedule_load_step_down = lambda: step_downs.append(1)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    ready = make_scheduler(entries, identity="ready", **settings)
+    wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    with Loop(marked), Loop(ready):
+        leader.close()
+        wait_for(lambda: all(s.term is not None for s in marked._shards), timeout=60, message="marked took no shard")
+        wait_for(lambda: min(attempts.count(0), attempts.count(1)) >= 8, timeout=60)
+        assert all(s.election.leadership is not None for s in marked._shards)
+        assert not any(s.election.leadership is not None for s in ready._shards)
+    assert step_downs == [], step_downs

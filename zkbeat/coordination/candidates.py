@@ -199,6 +199,6 @@ def _decode(raw: bytes | None) -> tuple[dict[str, Any], bool]:
         return {}, True
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # RecursionError: valid JSON nested past Python's limit (a stranger's)
         return {}, False
     return (data, True) if isinstance(data, dict) else ({}, False)

@@ -199,7 +199,10 @@ def _decode_pause(value: Any) -> Pause | None:
 
 def decode_state(raw: bytes) -> EntryState:
     """Parse a ledger znode; ValueError for anything zkbeat did not write."""
-    data = json.loads(raw.decode("utf-8"))
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:  # valid JSON nested past Python's limit: not zkbeat's either
+        raise ValueError("JSON nested too deep") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     count = data.get("total_run_count", 0)

@@ -256,9 +256,12 @@ def _ago(iso: str | None) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     seconds = (datetime.now(timezone.utc) - moment).total_seconds()
-    # To the nearest second: a crontab due at 18:39:00 computed as 18:38:59.9999 reads 18:39:00.
-    shown = (moment + timedelta(microseconds=500_000)).replace(microsecond=0)
-    stamp = shown.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        # To the nearest second: a crontab due at 18:39:00 computed as 18:38:59.9999 reads 18:39:00.
+        shown = (moment + timedelta(microseconds=500_000)).replace(microsecond=0)
+        stamp = shown.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    except OverflowError:  # the calendar's last half second (a stranger's time): shown as written
+        return iso
     if seconds >= 0:
         return f"{stamp} ({_span(seconds)} ago)"
     return f"{stamp} (in {_span(-seconds)})"

@@ -197,12 +197,12 @@ def read_status(
             # Asked without the app's settings (--hosts/--root), or with zkbeat_shards unset:
             # replicas that run with shards are found where they are.
             shards = _shards_in_use(client, base) or 1
-    marks = read_marks(client, root)
-    if shards > 1:
+    if shards > 1:  # with one shard no replica marks itself: what is there is someone else's
+        marks = read_marks(client, root)
         status.shards = read_shards(client, root, shards, marks)
         status.candidates = _replicas(status.shards)
         status.strangers = [stranger for shard in status.shards for stranger in shard.strangers]
-    status.unready = _placed(marks, status.candidates)
+        status.unready = _placed(marks, status.candidates)
     status.pending = pending_requests(client, root)
     records = Ledger(client, root).load()
     now = datetime.now(timezone.utc)
@@ -352,13 +352,26 @@ def read_marks(client: KazooClient, root: str, watch: Any = None) -> dict[str, U
     for replica, request in requests:
         try:
             raw, _ = request.get()
-            data = json.loads(raw.decode("utf-8"))
         except (NoNodeError, NoAuthError):
             continue
-        except ValueError:
-            data = None
-        found[replica] = _mark(replica, data if isinstance(data, dict) else {})
+        found[replica] = _mark(replica, _mark_data(raw))
     return found
+
+
+def _mark_data(raw: bytes | None) -> dict[str, Any]:
+    """A mark's JSON object, or {} for anything else a stranger may leave there.
+
+    No data at all (None: zkCli's ``create <path>``, a Java client's null),
+    not UTF-8, not JSON, JSON nested past the recursion limit, not an object:
+    each reads as a mark that says nothing, never as an error of the report.
+    """
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _mark(replica: str, data: dict[str, Any]) -> UnreadyMark:
