@@ -45,6 +45,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from .._decode import json_object
 from ..coordination._multiread import read_many
 from ..coordination.layout import LAYOUT_DIR
 from ..exceptions import ClaimConflictError, ClaimRefusedError, FencedError
@@ -197,14 +198,9 @@ def _decode_pause(value: Any) -> Pause | None:
     return Pause(by="?", at=None, note="unreadable pause record")
 
 
-def decode_state(raw: bytes) -> EntryState:
+def decode_state(raw: bytes | None) -> EntryState:
     """Parse a ledger znode; ValueError for anything zkbeat did not write."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except RecursionError:  # valid JSON nested past Python's limit: not zkbeat's either
-        raise ValueError("JSON nested too deep") from None
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
+    data = json_object(raw)
     count = data.get("total_run_count", 0)
     epoch = data.get("epoch")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:

@@ -32,6 +32,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, Zookeeper
 from kazoo.handlers.threading import KazooTimeoutError
 
 from .. import __version__
+from .._decode import json_object
 from ..conf import Settings, parse_hosts, parse_root, read_settings
 from ..coordination import shards as _shards
 from ..coordination._zookeeper import apply_acl, make_client, owner_acl
@@ -575,11 +576,11 @@ def _check_local(target: Target) -> None:
     url = f"http://127.0.0.1:{port}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=target.timeout) as answer:  # noqa: S310 - loopback only
-            json.loads(answer.read())
+            json_object(answer.read())
     except urllib.error.HTTPError as exc:
         try:
-            body = json.loads(exc.read())
-        except ValueError:
+            body = json_object(exc.read())
+        except ValueError:  # whatever else answers on that port
             body = {}
         _fail(1, f"this replica is not connected to ZooKeeper ({body.get('zookeeper', exc.code)})")
     except (OSError, ValueError) as exc:

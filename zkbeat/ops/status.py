@@ -6,7 +6,6 @@ in the election.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -16,6 +15,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 
+from .._decode import json_object
 from ..coordination import shards as _shards
 from ..coordination.candidates import CandidateReader
 from ..coordination.layout import LAYOUT_DIR
@@ -290,10 +290,9 @@ def _announcement(client: KazooClient, path: str) -> dict[str, Any]:
     """
     try:
         raw, _ = client.get(path)
-        data = json.loads(raw.decode("utf-8") or "{}")
+        return json_object(raw, empty_ok=True)
     except (NoNodeError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _next_due(entry: Any, last_run_at: datetime | None, now: datetime) -> str | None:
@@ -365,13 +364,10 @@ def _mark_data(raw: bytes | None) -> dict[str, Any]:
     not UTF-8, not JSON, JSON nested past the recursion limit, not an object:
     each reads as a mark that says nothing, never as an error of the report.
     """
-    if not raw:
-        return {}
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):
+        return json_object(raw, empty_ok=True)
+    except ValueError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _mark(replica: str, data: dict[str, Any]) -> UnreadyMark:

@@ -31,7 +31,6 @@ Each entry carries ``recent_runs``, its last runs newest first as the ledger kee
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, UnimplementedError, ZookeeperError
 from kazoo.protocol.states import KazooState, WatchedEvent
 
+from ..._decode import json_object
 from ...conf import Settings
 from ...coordination._multiread import read_many
 from ...coordination.candidates import CandidateReader, Line
@@ -296,11 +296,7 @@ class ClusterModel:
                 self._note("election")
             self._line, self._announced, self._election_stat = Line(), {}, None
             return
-        try:
-            data = json.loads(raw.decode("utf-8") or "{}")
-        except (ValueError, UnicodeDecodeError):
-            data = {}
-        self._announced = data if isinstance(data, dict) else {}
+        self._announced = _announcement(raw)
         self._election_stat = stat
         self._line = self._reader.read(watch=self._on_election)
         self._note_owners(0, self._line)
@@ -325,11 +321,7 @@ class ClusterModel:
             if self.client.exists(reader.path, watch=self._on_election) is not None:
                 self._note("election")
             return Line(), {}
-        try:
-            data = json.loads(raw.decode("utf-8") or "{}")
-        except (ValueError, UnicodeDecodeError):
-            data = {}
-        return reader.read(watch=self._on_election), data if isinstance(data, dict) else {}
+        return reader.read(watch=self._on_election), _announcement(raw)
 
     def _observe_leader(self) -> None:
         """Remember each new head of the line, with when it said it leads."""
@@ -484,14 +476,14 @@ class ClusterModel:
         for child, request in requests:
             try:
                 raw, _ = request.get(timeout=self.settings.session_timeout)
-                data = json.loads(raw.decode("utf-8"))
+                data = json_object(raw)
             except NoNodeError:
                 continue  # consumed between the listing and the read
             except NoAuthError:
                 continue  # someone else's, which no leader runs either (it logs it)
-            except (ValueError, UnicodeDecodeError):
+            except ValueError:
                 continue  # the leader logs and removes it: it never runs
-            if isinstance(data, dict) and isinstance(data.get("entry"), str):
+            if isinstance(data.get("entry"), str):
                 pending.setdefault(data["entry"], []).append(
                     {"request": child, "by": str(data.get("by", "?")), "at": str(data.get("at", ""))}
                 )
@@ -755,3 +747,11 @@ class ClusterModel:
             while self.seq == 0 and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, deadline - time.monotonic()))
             return self.seq > 0
+
+
+def _announcement(raw: bytes | None) -> dict[str, Any]:
+    """An election node's JSON (who leads, since when); {} for anything a stranger may have left there."""
+    try:
+        return json_object(raw, empty_ok=True)
+    except ValueError:
+        return {}
