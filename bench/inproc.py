@@ -20,6 +20,12 @@ printed too; ``--profile FILE`` writes a cProfile of the window (``--profile-rou
 N``: from round N's first publish on). Past 20,000
 entries ZooKeeper gets a 2 GB heap (the tests' 256 MB runs out).
 
+``--no-receiver`` connects no ``before_task_publish`` receiver and counts
+the messages on Redis's queue after each pass instead: what a leader costs
+an app without receivers (the recording receiver makes every message take
+the path that hands receivers copies of their own). A burst's "all
+published" is then the end of the pass that queued the last message.
+
 ``--database`` makes the entries django-celery-beat rows on PostgreSQL
 (bench/schemadb.py: a database of its own, dropped at the end; the example
 project's settings) led by ``zkbeat.DatabaseScheduler`` instead of
@@ -56,6 +62,9 @@ def main() -> None:
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the window (beat's loop) to FILE")
     parser.add_argument("--profile-round", type=int, default=1, help="profile from this round's first publish on")
     parser.add_argument("--database", action="store_true", help="django-celery-beat rows on PostgreSQL instead")
+    parser.add_argument(
+        "--no-receiver", action="store_true", help="burst: count the messages on Redis, with no receiver connected"
+    )
     args = parser.parse_args()
     steady = args.scenario == "steady"
     count = args.entries or (1000 if steady else 10000)
@@ -117,7 +126,6 @@ def main() -> None:
     late: list[list[float]] = [[] for _ in range(rounds + 1)]  # publish - slot, by round (1-based)
     round_cpu: dict[int, float] = {}  # process CPU when each round's first publish came
 
-    @before_task_publish.connect(weak=False)
     def _record(body=None, headers=None, **kwargs) -> None:
         round_ = published[0] // count + 1
         if round_ not in round_cpu:
@@ -132,6 +140,8 @@ def main() -> None:
         name = (headers or {}).get("periodic_task_name") or body[0][0]
         record.write(f"{name}\t{time.time():.6f}\n")
 
+    if not args.no_receiver:
+        before_task_publish.connect(_record, weak=False)
     # The tests' ZooKeeper has a 256 MB heap: a 100,000-entry ledger and its writes exhaust it.
     heap_mb = 2048 if count > 20000 else servers.DEFAULT_HEAP_MB
     zk, redis_server = ZooKeeperServer(heap_mb=heap_mb).start(), RedisServer().start()
@@ -157,9 +167,20 @@ def main() -> None:
         scheduler = scheduler_class(app)
         assert scheduler.election.wait_for_leadership(timeout=30), "never led"
 
+        queue = None
+        if args.no_receiver:
+            import redis
+
+            queue = redis.Redis.from_url(redis_server.url)
+
         def run_until(stop) -> None:
             while not stop():
-                time.sleep(min(scheduler.tick() or 0.0, 0.05 if not steady else 0.5))
+                interval = scheduler.tick() or 0.0
+                if queue is not None:
+                    queued = queue.llen("celery")
+                    if queued > published[0]:
+                        published[0], last_publish[0] = queued, time.time()
+                time.sleep(min(interval, 0.05 if not steady else 0.5))
 
         if steady:
             run_until(lambda: time.time() > due.timestamp() + every + 1)  # the first round

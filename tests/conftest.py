@@ -8,8 +8,8 @@ which they should heal with ``zk_ensemble.start()`` afterwards).
 
 ``make_scheduler`` builds in-process schedulers, ``make_cluster`` real
 ``celery beat`` replicas; both run ``beat_scheduler``, which is
-``zkbeat.Scheduler`` unless a module overrides that fixture (the Django
-modules return ``zkbeat.DatabaseScheduler``).
+``zkbeat.Scheduler`` unless a test is marked otherwise (the Django
+modules run ``zkbeat.DatabaseScheduler``).
 """
 
 from __future__ import annotations
@@ -128,9 +128,14 @@ def published() -> Iterator[Published]:
 
 
 @pytest.fixture
-def beat_scheduler() -> str:
-    """The scheduler ``make_scheduler`` and ``make_cluster`` run, as ``--scheduler`` names it."""
-    return "zkbeat.Scheduler"
+def beat_scheduler(request: pytest.FixtureRequest) -> str:
+    """The scheduler ``make_scheduler`` and ``make_cluster`` run, as ``--scheduler`` names it.
+
+    ``zkbeat.Scheduler`` unless the test is marked ``beat_scheduler(name)``
+    (the Django modules: tests.support.djangosupport.ON_THE_DATABASE).
+    """
+    marker = request.node.get_closest_marker("beat_scheduler")
+    return marker.args[0] if marker is not None else "zkbeat.Scheduler"
 
 
 @pytest.fixture

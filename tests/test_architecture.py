@@ -1,7 +1,8 @@
 """The package's shape: each subpackage imports only the layers below it.
 
 zkbeat/ is arranged so that what a module may use is visible from where it
-lives: conf and exceptions at the bottom; ticking (what a tick is) and
+lives: conf, exceptions and _decode (reading JSON anyone may have written)
+at the bottom; ticking (what a tick is) and
 coordination (who leads) on them, apart; the ledger (what ran) on those;
 leading (one shard's term: plan, claim, publish) on the ledger; ops (the
 command, status, metrics, dashboard) beside leading; the scheduler (Celery's
@@ -23,13 +24,22 @@ PACKAGE = Path(zkbeat.__file__).parent
 ALLOWED = {
     "zkbeat.conf": {"zkbeat.exceptions"},
     "zkbeat.exceptions": set(),
-    "zkbeat.ticking": {"zkbeat.conf", "zkbeat.exceptions"},
-    "zkbeat.coordination": {"zkbeat.conf", "zkbeat.exceptions"},
-    "zkbeat.ledger": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat.ticking", "zkbeat.coordination"},
-    "zkbeat.leading": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat.ticking", "zkbeat.coordination", "zkbeat.ledger"},
+    "zkbeat._decode": set(),
+    "zkbeat.ticking": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode"},
+    "zkbeat.coordination": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode"},
+    "zkbeat.ledger": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode", "zkbeat.ticking", "zkbeat.coordination"},
+    "zkbeat.leading": {
+        "zkbeat.conf",
+        "zkbeat.exceptions",
+        "zkbeat._decode",
+        "zkbeat.ticking",
+        "zkbeat.coordination",
+        "zkbeat.ledger",
+    },
     "zkbeat.ops": {
         "zkbeat.conf",
         "zkbeat.exceptions",
+        "zkbeat._decode",
         "zkbeat.ticking",
         "zkbeat.coordination",
         "zkbeat.ledger",

@@ -20,6 +20,7 @@ from kazoo.security import make_digest_acl
 
 from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperServer
+from tests.support.undecodable import UNDECODABLE, plant
 from tests.test_election import Pool
 from zkbeat.conf import DEFAULT_BROKER_HANDOVER_TIMEOUT, read_settings
 from zkbeat.coordination.broker_handover import DATA_KEY, BrokerHandover
@@ -136,6 +137,8 @@ def test_unreadable_and_malformed_answers_are_left_out(line, zk_client: KazooCli
     zk_client.create(f"{answers}/not-json", b"\xff{")
     zk_client.create(f"{answers}/{fake[:-1]}1", b'{"chain": "not a list", "identity": 7}')
     zk_client.create(f"{answers}/a-list", b"[1, 2]")
+    for name, data in UNDECODABLE.items():  # no data, nested past the recursion limit, a number, null, ...
+        plant(zk_client, f"{answers}/undecodable-{name}", data)
     with caplog.at_level(logging.WARNING, logger="zkbeat"):
         leader.cut_off()
         wait_for(lambda: heir.election.is_leader, timeout=15, message=lambda: caplog.text)
@@ -150,7 +153,9 @@ def test_unreadable_and_malformed_answers_are_left_out(line, zk_client: KazooCli
     heir.reached()
     wait_for(lambda: question(zk_client, heir.election.candidate) is None, timeout=15, message=lambda: caplog.text)
     assert heir.election.is_leader
-    assert sorted(zk_client.get_children(answers)) == sorted([fake, "not-json", f"{fake[:-1]}1", "a-list"])
+    strangers = [fake, "not-json", f"{fake[:-1]}1", "a-list"] + [f"undecodable-{name}" for name in UNDECODABLE]
+    assert sorted(zk_client.get_children(answers)) == sorted(strangers)
+    assert f"{answers}/undecodable-nested-past-the-recursion-limit" in caplog.text, caplog.text
 
 
 def test_a_handover_node_zkbeat_may_not_use_is_said_once_and_stops_nothing(line, zk_client, caplog) -> None:

@@ -22,6 +22,7 @@ from kombu.exceptions import OperationalError
 from tests.support.helpers import Published, every, lead, wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer, ZooKeeperServer
+from tests.support.signals import Terminated, sigterm_raises
 from zkbeat.ledger.store import Claim, EntryState, Ledger, encode_state
 
 
@@ -244,25 +245,18 @@ def test_a_publish_hung_on_a_silent_broker_lets_sigterm_through(
     lead(scheduler)
     wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= 2, timeout=15)
 
-    class Terminated(BaseException):  # as SystemExit: no except Exception catches it
-        pass
-
-    def on_sigterm(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        time.sleep(1.05)
-        proxy.blackhole()
-        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))  # as `kill` would send it
-        timer.start()
-        started = time.monotonic()
-        with pytest.raises(Terminated):
-            while time.monotonic() - started < 30:
-                scheduler.tick()
-        took = time.monotonic() - started
+        with sigterm_raises():
+            time.sleep(1.05)
+            proxy.blackhole()
+            timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))  # as `kill` would send it
+            timer.start()
+            started = time.monotonic()
+            with pytest.raises(Terminated):
+                while time.monotonic() - started < 30:
+                    scheduler.tick()
+            took = time.monotonic() - started
     finally:
-        signal.signal(signal.SIGTERM, previous)
         proxy.heal()
     assert took < 15, f"SIGTERM waited {took:.1f}s"
     with caplog.at_level(logging.INFO, logger="zkbeat"):

@@ -14,18 +14,25 @@ import sys
 from datetime import datetime, timedelta
 from importlib import metadata
 
-import pytest
 from celery import schedules
 from kazoo.client import KazooClient
 
-from tests.support.djangosupport import EXAMPLE_PROJECT, capture_sql, interval_task, one_off_task
+from tests.support.djangosupport import (
+    EXAMPLE_PROJECT,
+    ON_THE_DATABASE,
+    capture_sql,
+    interval_task,
+    one_off_task,
+    periodic_task,
+    pump,
+)
 from tests.support.helpers import Published, lead, wait_for
 from tests.support.messages import queued_messages
 from tests.support.processes import ROOT
 from tests.support.servers import RedisServer
 from zkbeat.coordination.election import LeaderElection
 
-pytestmark = pytest.mark.usefixtures("beat_db")
+pytestmark = ON_THE_DATABASE
 
 #: django-celery-beat 2.8.0 disables an expired task in is_due (before, it sends it with its
 #: past ``expires``, which the worker discards) and names the task in a ``periodic_task_name``
@@ -33,31 +40,9 @@ pytestmark = pytest.mark.usefixtures("beat_db")
 HOST_2_8 = tuple(int(p) for p in metadata.version("django-celery-beat").split(".")[:2]) >= (2, 8)
 
 
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler builds zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
-
-
-def pump(scheduler, until, timeout: float = 20, message=None):
-    """Run the scheduler's loop (without its sleeps) until ``until()`` holds."""
-
-    def step():
-        scheduler.tick()
-        return until()
-
-    return wait_for(step, timeout=timeout, interval=0.05, message=message)
-
-
 def crash(scheduler) -> None:
     """End a replica's ZooKeeper session as a crash would; it runs no more code of its own."""
     scheduler.zk_client.stop()
-
-
-def row(name: str):
-    from django_celery_beat.models import PeriodicTask
-
-    return PeriodicTask.objects.get(name=name)
 
 
 def test_importing_zkbeat_does_not_import_django() -> None:
@@ -98,7 +83,7 @@ def test_a_follower_sends_no_query_and_upserts_beat_schedule_once_it_leads(
     holder.close()
     lead(follower)
     pump(follower, lambda: published.count("from-settings") >= 1)
-    assert row("from-settings").task == "jobs.cleanup_messages"
+    assert periodic_task("from-settings").task == "jobs.cleanup_messages"
 
 
 def test_a_new_leader_publishes_first_then_upserts_beat_schedule_before_it_waits(
@@ -125,7 +110,7 @@ def test_a_new_leader_publishes_first_then_upserts_beat_schedule_before_it_waits
         finally:
             after_task_publish.disconnect(note)
     assert published.count("due") == 1
-    assert row("from-settings").task == "jobs.cleanup_messages", "upserted before the loop waits"
+    assert periodic_task("from-settings").task == "jobs.cleanup_messages", "upserted before the loop waits"
     writes = [i for i, sql in enumerate(queries) if sql in queries.writes()]
     assert writes and sent_after and sent_after[0] <= writes[0], "a write came before the first publish"
 
@@ -164,14 +149,14 @@ def test_the_leader_runs_each_kind_of_task_with_its_options(
     assert isinstance(loaded["hourly"].schedule, schedules.crontab)
     assert isinstance(loaded["at-sunset"].schedule, schedules.solar)
     # The clocked one-off was due: it ran in that first pass and was disabled right after.
-    assert published.count("once") == 1 and not row("once").enabled
+    assert published.count("once") == 1 and not periodic_task("once").enabled
     assert "disabled" not in loaded and "broken" not in loaded
     pump(scheduler, lambda: published.count("with-options") >= 2 and published.count("once") == 1)
     if HOST_2_8:
-        assert not row("expired").enabled, "an expired task is disabled by the leader"
+        assert not periodic_task("expired").enabled, "an expired task is disabled by the leader"
 
     PeriodicTasks.update_changed()  # any change in the admin: the leader re-reads the rows
-    pump(scheduler, lambda: not row("once").enabled)
+    pump(scheduler, lambda: not periodic_task("once").enabled)
     assert published.count("once") == 1
     assert published.count("disabled") == 0
     if HOST_2_8:
@@ -226,7 +211,7 @@ def test_a_new_leader_trusts_the_ledger_over_a_stale_database(make_scheduler, pu
     lead(old)
     pump(old, lambda: published.count("report") >= 4)
     ledger = old.ledger.load(["report"])["report"].state
-    stale = row("report").last_run_at
+    stale = periodic_task("report").last_run_at
     assert stale is not None and stale < ledger.last_run_at, "the row should lag the ledger (synced only once)"
 
     new = make_scheduler()
@@ -241,7 +226,7 @@ def test_a_new_leader_trusts_the_ledger_over_a_stale_database(make_scheduler, pu
     old_last = max(slot for _, slot, _ in published.of("report")[:4])
     first_new = min(slot for entry, slot, _ in published.rows[handover:] if entry == "report")
     assert first_new > old_last
-    assert row("report").last_run_at >= ledger.last_run_at, "the new leader writes the ledger's times back"
+    assert periodic_task("report").last_run_at >= ledger.last_run_at, "the new leader writes the ledger's times back"
 
 
 def test_a_leader_that_loses_leadership_writes_nothing_more(
@@ -252,7 +237,7 @@ def test_a_leader_that_loses_leadership_writes_nothing_more(
     scheduler = make_scheduler()
     lead(scheduler)
     pump(scheduler, lambda: published.count("report") >= 3)
-    stale = row("report").last_run_at
+    stale = periodic_task("report").last_run_at
     assert stale < scheduler.ledger.load(["report"])["report"].state.last_run_at, "runs should be pending"
 
     heir = LeaderElection(zk_client, f"{zk_root}/v1/election", {"identity": "heir"})
@@ -267,7 +252,7 @@ def test_a_leader_that_loses_leadership_writes_nothing_more(
                 scheduler.tick()
             scheduler.close()
         assert list(queries) == []
-        assert row("report").last_run_at == stale
+        assert periodic_task("report").last_run_at == stale
     finally:
         heir.close()
 
@@ -293,13 +278,13 @@ def test_a_one_off_runs_once_when_its_leader_dies_right_after_publishing_it(
         pump(old, lambda: published.count("launch") == 1)
     finally:
         after_task_publish.disconnect(crash_once_sent)
-    launch = row("launch")
+    launch = periodic_task("launch")
     assert launch.enabled and launch.total_run_count == 0 and launch.last_run_at is None
 
     new = make_scheduler()
     lead(new)
     handover = published.count("canary")
-    pump(new, lambda: not row("launch").enabled and published.count("canary") >= handover + 3)
+    pump(new, lambda: not periodic_task("launch").enabled and published.count("canary") >= handover + 3)
     assert published.count("launch") == 1
 
 
@@ -312,20 +297,20 @@ def test_a_one_off_re_armed_or_re_created_by_an_operator_runs_again(make_schedul
     one_off_task("launch")
     pump(first, lambda: published.count("launch") == 1)
     PeriodicTasks.update_changed()
-    pump(first, lambda: not row("launch").enabled)
+    pump(first, lambda: not periodic_task("launch").enabled)
 
     second = make_scheduler()
     first.close()  # graceful: hands over at once
     lead(second)
-    launch = row("launch")
+    launch = periodic_task("launch")
     launch.clocked = ClockedSchedule.objects.create(clocked_time=launch.clocked.clocked_time + timedelta(seconds=1))
     launch.enabled = True
     launch.save()
     pump(second, lambda: published.count("launch") == 2)
     PeriodicTasks.update_changed()
-    pump(second, lambda: not row("launch").enabled)
+    pump(second, lambda: not periodic_task("launch").enabled)
 
-    row("launch").delete()
+    periodic_task("launch").delete()
     one_off_task("launch")
     pump(second, lambda: published.count("launch") == 3)
     assert len({slot for _, slot, _ in published.of("launch")}) == 3
@@ -339,8 +324,8 @@ def test_a_leader_that_stops_writes_its_last_run_times_to_the_rows(make_schedule
     pump(scheduler, lambda: published.count("report") >= 3)
     ledger = scheduler.ledger.load(["report"])["report"].state
     scheduler.close()
-    assert row("report").total_run_count == ledger.total_run_count
-    assert row("report").last_run_at >= ledger.last_run_at
+    assert periodic_task("report").total_run_count == ledger.total_run_count
+    assert periodic_task("report").last_run_at >= ledger.last_run_at
 
 
 def test_a_run_now_of_a_one_off_row_leaves_its_scheduled_run(make_scheduler, published: Published) -> None:

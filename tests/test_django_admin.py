@@ -18,24 +18,25 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.browser import browser_page
-from tests.support.djangosupport import EXAMPLE_PROJECT, DjangoCluster, capture_sql, interval_task, serve_project
+from tests.support.djangosupport import (
+    EXAMPLE_PROJECT,
+    ON_THE_DATABASE,
+    DjangoCluster,
+    capture_sql,
+    interval_task,
+    serve_project,
+)
 from tests.support.helpers import wait_for
 from tests.support.processes import ROOT
 from tests.support.servers import ZooKeeperServer, free_port
 from tests.test_cli import zkbeat
 
-pytestmark = [pytest.mark.usefixtures("beat_db")]
+pytestmark = ON_THE_DATABASE
 
 LIST = "/admin/django_celery_beat/periodictask/"
 CLUSTER = "/admin/zkbeat_admin/cluster/"
 HOSTILE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 NOTE = "invoice provider <b>maintenance</b> until 14:00"
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_cluster's replicas run zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
 
 
 @pytest.fixture

@@ -14,18 +14,11 @@ from datetime import timedelta
 
 import pytest
 
-from tests.support.djangosupport import interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task, periodic_task, pump
 from tests.support.helpers import Published, lead, wait_for
 from tests.support.processes import leader_epochs
-from tests.test_django import pump, row
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler and make_cluster run zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
+pytestmark = ON_THE_DATABASE
 
 
 UNKNOWN_ZONE = "Mars/Olympus_Mons"
@@ -113,7 +106,7 @@ def test_a_crontab_that_loses_its_time_zone_while_loaded(make_scheduler, publish
     keeps_running(scheduler, published)
     assert "on-mars" not in scheduler.schedule
     assert len(lines_naming(caplog, "on-mars")) == 1, caplog.text
-    assert row("good").last_run_at is not None
+    assert periodic_task("good").last_run_at is not None
     assert PeriodicTask.objects.filter(pk=task.pk).values_list("last_run_at", flat=True)[0] is not None
     no_step_down(caplog)
 
@@ -135,7 +128,7 @@ def test_arguments_that_are_not_json_of_the_right_type(
     assert published.count("garbled") == 0
     errors = lines_naming(caplog, "garbled")
     assert len(errors) == 1 and field in errors[0], caplog.text
-    assert row("garbled").enabled, "the row is the operator's: left as it is"
+    assert periodic_task("garbled").enabled, "the row is the operator's: left as it is"
     no_step_down(caplog)
 
 
@@ -198,7 +191,7 @@ def test_a_row_that_fails_the_model_checks_is_left_out(make_scheduler, published
     keeps_running(scheduler, published)
     assert published.count("invalid") == 0
     assert len(lines_naming(caplog, "invalid")) == 1, caplog.text
-    assert row("good").last_run_at is not None, "the good row's run times reach the database"
+    assert periodic_task("good").last_run_at is not None, "the good row's run times reach the database"
     no_step_down(caplog)
 
 
@@ -215,14 +208,14 @@ def test_a_row_that_turns_invalid_while_loaded_is_left_out_and_every_run_time_wr
     scheduler = make_scheduler()
     lead(scheduler)
     pump(scheduler, lambda: published.count("invalid") >= 2 and published.count("also-good") >= 2)
-    synced = {name: row(name).last_run_at for name in ("good", "also-good")}
+    synced = {name: periodic_task(name).last_run_at for name in ("good", "also-good")}
     write_around_the_admin("periodictask", victim.pk, **SAVE_ERRORS[kind]())
     # Raw SQL moves neither date_changed nor the change marker: the full read
     # (every FULL_RELOAD_INTERVAL) is what finds it, after a sync of all three.
     monkeypatch.setattr(zkbeat.contrib.django, "FULL_RELOAD_INTERVAL", 0)
     keeps_running(scheduler, published)
     for name, before in synced.items():
-        after = row(name).last_run_at
+        after = periodic_task(name).last_run_at
         assert after is not None and (before is None or after > before), f"{name}'s run times were lost"
     assert len(lines_naming(caplog, "invalid")) == 1, caplog.text
     assert "invalid" not in scheduler.schedule

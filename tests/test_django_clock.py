@@ -6,20 +6,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import pytest
 from kazoo.client import KazooClient
 
-from tests.support.djangosupport import interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task
 from tests.support.helpers import Published, lead, wait_for
 from zkbeat.ledger.store import Claim, EntryState, Ledger
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler builds zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
+pytestmark = ON_THE_DATABASE
 
 
 def test_a_row_and_a_ledger_a_day_ahead_do_not_hold_an_entry_back(

@@ -18,22 +18,16 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
-from tests.support.djangosupport import EXAMPLE_PROJECT, DjangoCluster, interval_task
+from tests.support.djangosupport import EXAMPLE_PROJECT, ON_THE_DATABASE, DjangoCluster, interval_task
 from tests.support.faults import ledger_slots
 from tests.support.helpers import wait_for
 from tests.support.processes import ROOT, SESSION, Publish
 from tests.test_cli import zkbeat
 
-pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("beat_db")]
+pytestmark = [pytest.mark.processes, *ON_THE_DATABASE]
 
 MakeCluster = Callable[..., DjangoCluster]
 NOTE = "db migration, back at 3pm"
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_cluster's replicas run zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
 
 
 def operator(cluster: DjangoCluster, *args: str) -> subprocess.CompletedProcess:

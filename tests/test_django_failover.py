@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 from tests.support.accounting import accounting, assert_clean
 from tests.support.brokers import TestBroker
 from tests.support.djangosupport import (
+    ON_THE_DATABASE,
     DjangoCluster,
     interval_task,
     periodic_task,
@@ -29,15 +30,9 @@ from tests.support.djangosupport import (
 from tests.support.helpers import wait_for
 from tests.support.processes import SESSION, Publish
 
-pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("beat_db")]
+pytestmark = [pytest.mark.processes, *ON_THE_DATABASE]
 
 MakeCluster = Callable[..., DjangoCluster]
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_cluster's replicas run zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
 
 
 def published_by(cluster: DjangoCluster, pid: int, entry: str | None = None) -> list[Publish]:

@@ -18,33 +18,20 @@ from datetime import timedelta
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.djangosupport import database_unreachable, interval_task
-from tests.support.helpers import Published, lead, names_in_every_shard, wait_for
+from tests.support.djangosupport import (
+    ON_THE_DATABASE,
+    database_through_proxy,
+    database_unreachable,
+    interval_task,
+    leader_with_runs,
+    periodic_task,
+    run_times,
+)
+from tests.support.helpers import Published, names_in_every_shard, wait_for
+from tests.support.signals import close_under_a_second_sigterm
 from zkbeat.coordination.shards import entry_shard
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler builds zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
-
-
-def pump(scheduler, until, timeout: float = 30):
-    """Run the scheduler's loop (without its sleeps) until ``until()`` holds."""
-
-    def step():
-        scheduler.tick()
-        return until()
-
-    return wait_for(step, timeout=timeout, interval=0.05)
-
-
-def row(name: str):
-    from django_celery_beat.models import PeriodicTask
-
-    return PeriodicTask.objects.get(name=name)
+pytestmark = ON_THE_DATABASE
 
 
 class Writes(list):
@@ -76,22 +63,17 @@ def test_close_deletes_the_candidate_before_it_writes_the_run_times(
     make_scheduler, zk_client: KazooClient, published: Published, monkeypatch
 ) -> None:
     """The write at close() starts once the candidate is gone from ZooKeeper; the rows hold the runs after it."""
-    interval_task("report", 1)
-    interval_task("digest", 1)
-    scheduler = make_scheduler()
-    lead(scheduler)
-    pump(scheduler, lambda: published.count("report") >= 3 and published.count("digest") >= 3)
-    pump(scheduler, lambda: {"report", "digest"} <= scheduler._dirty)
+    scheduler = leader_with_runs(make_scheduler, published, ["report", "digest"])
     writes = Writes(monkeypatch, zk_client, candidates_of(scheduler))
     ledger = scheduler.ledger.load(["report", "digest"])
     scheduler.close()
 
-    assert writes == [([], sorted([row("report").pk, row("digest").pk]), True)], (
+    assert writes == [([], sorted([periodic_task("report").pk, periodic_task("digest").pk]), True)], (
         "the run times must be written once, guarded, after the candidate is gone"
     )
     for name in ("report", "digest"):
-        assert row(name).total_run_count == ledger[name].state.total_run_count
-        assert row(name).last_run_at >= ledger[name].state.last_run_at
+        assert periodic_task(name).total_run_count == ledger[name].state.total_run_count
+        assert periodic_task(name).last_run_at >= ledger[name].state.last_run_at
 
 
 def test_the_write_after_the_handover_never_lowers_a_newer_run(
@@ -100,12 +82,7 @@ def test_the_write_after_the_handover_never_lowers_a_newer_run(
     """A successor wrote a later run to one row before the late write: that row keeps it; the other gets its run."""
     from django_celery_beat.models import PeriodicTask
 
-    interval_task("report", 1)
-    interval_task("digest", 1)
-    scheduler = make_scheduler()
-    lead(scheduler)
-    pump(scheduler, lambda: published.count("report") >= 3 and published.count("digest") >= 3)
-    pump(scheduler, lambda: {"report", "digest"} <= scheduler._dirty)
+    scheduler = leader_with_runs(make_scheduler, published, ["report", "digest"])
     ledger = scheduler.ledger.load(["report", "digest"])
     newer = ledger["report"].state.last_run_at + timedelta(hours=1)
 
@@ -116,9 +93,9 @@ def test_the_write_after_the_handover_never_lowers_a_newer_run(
     scheduler.close()
 
     assert len(writes) == 1 and writes[0][0] == []
-    assert (row("report").last_run_at, row("report").total_run_count) == (newer, 1000), "a newer run was overwritten"
-    assert row("digest").total_run_count == ledger["digest"].state.total_run_count
-    assert row("digest").last_run_at >= ledger["digest"].state.last_run_at
+    assert run_times("report") == (newer, 1000), "a newer run was overwritten"
+    assert periodic_task("digest").total_run_count == ledger["digest"].state.total_run_count
+    assert periodic_task("digest").last_run_at >= ledger["digest"].state.last_run_at
 
 
 @pytest.mark.parametrize("joined", [True, False], ids=["joined", "per-row"])
@@ -138,14 +115,14 @@ def test_only_newer_leaves_rows_whose_run_is_as_new_or_newer(monkeypatch, joined
                          ("newer", now + timedelta(minutes=1))]
     }  # fmt: skip
     _runs.write_run_times(PeriodicTask, [(r.pk, now, 6) for r in rows.values()], only_newer=True)
-    assert {name: (row(name).last_run_at, row(name).total_run_count) for name in rows} == {
+    assert {name: run_times(name) for name in rows} == {
         "never": (now, 6),
         "older": (now, 6),
         "same": (now, 5),
         "newer": (now + timedelta(minutes=1), 5),
     }
     _runs.write_run_times(PeriodicTask, [(rows["newer"].pk, now, 7)])
-    assert (row("newer").last_run_at, row("newer").total_run_count) == (now, 7)
+    assert run_times("newer") == (now, 7)
 
 
 def test_with_shards_only_the_rows_of_the_shards_still_led_are_written_after_the_handover(
@@ -154,15 +131,9 @@ def test_with_shards_only_the_rows_of_the_shards_still_led_are_written_after_the
     """zkbeat_shards=2, one shard's leadership gone (its term not yet ended) at close(): the late write holds the
     rows of the shard still led, none of the other's, and starts once every candidate is gone."""
     names = names_in_every_shard(zk_root, 2, per_shard=3)
-    for name in names:
-        interval_task(name, 1)
-    scheduler = make_scheduler(zkbeat_shards=2)
-    for shard in scheduler._shards:
-        assert shard.election.wait_for_leadership(15), f"never led shard {shard.index}"
-    pump(scheduler, lambda: all(published.count(name) >= 3 for name in names))
-    pump(scheduler, lambda: set(names) <= scheduler._dirty)
+    scheduler = leader_with_runs(make_scheduler, published, names, zkbeat_shards=2)
     shard_of = {name: entry_shard(scheduler.zk_settings.hosts, scheduler.zk_settings.root, name, 2) for name in names}
-    kept = sorted(row(name).pk for name in names if shard_of[name] == 0)
+    kept = sorted(periodic_task(name).pk for name in names if shard_of[name] == 0)
     assert kept and len(kept) < len(names), shard_of
     candidates = candidates_of(scheduler)
     # Not leading shard 1 from here (out of its line, no new candidate); its term ends at the next pass.
@@ -179,11 +150,7 @@ def test_a_failing_database_at_close_is_logged_and_the_candidate_is_gone(
 ) -> None:
     """The database refuses connections when the late write comes: close() finishes, says so, and the
     candidate was deleted before the write was tried."""
-    interval_task("report", 1)
-    scheduler = make_scheduler()
-    lead(scheduler)
-    pump(scheduler, lambda: published.count("report") >= 3)
-    pump(scheduler, lambda: "report" in scheduler._dirty)
+    scheduler = leader_with_runs(make_scheduler, published, ["report"])
     candidates = candidates_of(scheduler)
     writes = Writes(monkeypatch, zk_client, candidates)
     with caplog.at_level(logging.WARNING, logger="zkbeat"), database_unreachable():
@@ -200,29 +167,13 @@ def test_a_second_sigterm_during_the_late_write_waits_until_it_is_done(
 ) -> None:
     """A signal that lands as the late write starts is held (as for the rest of close()): the rows get the runs,
     then the signal goes through."""
-    interval_task("report", 1)
-    scheduler = make_scheduler()
-    lead(scheduler)
-    pump(scheduler, lambda: published.count("report") >= 3)
-    pump(scheduler, lambda: "report" in scheduler._dirty)
+    scheduler = leader_with_runs(make_scheduler, published, ["report"])
     ledger = scheduler.ledger.load(["report"])["report"].state
     candidates = candidates_of(scheduler)
     writes = Writes(monkeypatch, zk_client, candidates, before=lambda: signal.raise_signal(signal.SIGTERM))
-
-    class Terminated(BaseException):
-        pass
-
-    def on_sigterm(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        with pytest.raises(Terminated):
-            scheduler.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    close_under_a_second_sigterm(scheduler)
     assert [alive for alive, _, _ in writes] == [[]]
-    assert row("report").total_run_count == ledger.total_run_count, "the signal cut the late write short"
+    assert periodic_task("report").total_run_count == ledger.total_run_count, "the signal cut the late write short"
 
 
 def _pg_connect(autocommit: bool):
@@ -253,12 +204,8 @@ def test_the_late_write_leaves_a_row_a_successor_is_writing_and_never_deadlocks_
     import psycopg2
     from django_celery_beat.models import PeriodicTask
 
-    interval_task("alpha", 1)  # made first: its row comes first both by name and on disk
-    interval_task("bravo", 1)
-    scheduler = make_scheduler()
-    lead(scheduler)
-    pump(scheduler, lambda: published.count("alpha") >= 3 and published.count("bravo") >= 3)
-    pump(scheduler, lambda: {"alpha", "bravo"} <= scheduler._dirty)
+    # alpha's row is made first: it comes first both by name and on disk.
+    scheduler = leader_with_runs(make_scheduler, published, ["alpha", "bravo"])
     ledger = scheduler.ledger.load(["alpha", "bravo"])
     newer = ledger["bravo"].state.last_run_at + timedelta(hours=1)
     table = PeriodicTask._meta.db_table
@@ -308,6 +255,110 @@ def test_the_late_write_leaves_a_row_a_successor_is_writing_and_never_deadlocks_
 
     assert not thread.is_alive() and errors == [], errors
     assert not any("cannot write run times" in r.getMessage() for r in caplog.records), caplog.text
-    assert (row("bravo").last_run_at, row("bravo").total_run_count) == (newer, 1000)
-    assert row("alpha").total_run_count == ledger["alpha"].state.total_run_count, "the late write lost alpha's run"
-    assert row("alpha").last_run_at >= ledger["alpha"].state.last_run_at
+    assert run_times("bravo") == (newer, 1000)
+    assert periodic_task("alpha").total_run_count == ledger["alpha"].state.total_run_count, (
+        "the late write lost alpha's run"
+    )
+    assert periodic_task("alpha").last_run_at >= ledger["alpha"].state.last_run_at
+
+
+class TableLocked:
+    """Another transaction holds the task table ACCESS EXCLUSIVE: SKIP LOCKED skips locked rows, not a table lock."""
+
+    def __init__(self) -> None:
+        self._other = _pg_connect(autocommit=False)
+
+    def hang(self) -> None:
+        from django_celery_beat.models import PeriodicTask
+
+        with self._other.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {PeriodicTask._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+
+    def end(self) -> None:
+        self._other.rollback()
+
+    def __enter__(self) -> TableLocked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+        self._other.close()
+
+
+class ServerSilent:
+    """The write's connection goes through a proxy that black-holes it: nothing is answered, nothing closed."""
+
+    def __init__(self) -> None:
+        self._through = database_through_proxy()
+        self._proxy = None
+
+    def hang(self) -> None:
+        self._proxy = self._through.__enter__()  # after close_old_connections(): the write's own connection
+        self._proxy.blackhole()
+
+    def end(self) -> None:
+        if self._proxy is not None:
+            self._proxy.heal()  # resets the black-holed connection: a hung write fails at once
+
+    def __enter__(self) -> ServerSilent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+        if self._proxy is not None:
+            self._through.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("hung", [TableLocked, ServerSilent], ids=["table-locked", "server-silent"])
+def test_a_late_write_the_database_never_finishes_is_cut_short_and_its_rows_keep_their_runs(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog, hung
+) -> None:
+    """The database hangs as the late write starts (no statement timeout of its own): close() gives up on it
+    long before the 30 s signal hold ends, says once how many rows keep their earlier runs and why, and
+    the rows do. Before, close() waited for as long as the database did (here until the test's rescue)."""
+    scheduler = leader_with_runs(make_scheduler, published, ["report", "digest"])
+    earlier = {name: run_times(name) for name in ("report", "digest")}
+    candidates = candidates_of(scheduler)
+    stuck: list[bool] = []
+    with hung() as database:
+        writes = Writes(monkeypatch, zk_client, candidates, before=database.hang)
+
+        def rescue() -> None:  # only on failure: the write still waits, well past the cut-off
+            stuck.append(True)
+            database.end()
+
+        guard = threading.Timer(25, rescue)
+        guard.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="zkbeat"):
+                scheduler.close()
+        finally:
+            guard.cancel()
+    assert not stuck, "close() waited for a database that never answered"
+    assert scheduler.closed and [alive for alive, _, _ in writes] == [[]]
+    assert zk_client.exists(candidates[0]) is None
+    cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
+    assert [(r.levelno, "2 of 2 rows" in r.getMessage()) for r in cut] == [(logging.WARNING, True)], caplog.text
+    assert {name: run_times(name) for name in earlier} == earlier
+
+
+def test_with_no_time_left_of_the_signal_hold_the_late_write_is_not_tried(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog
+) -> None:
+    """The handover used up the hold (here it has none at all): the write is not begun, as a hung one could not
+    be ended in time; one WARNING says how many rows keep their earlier runs and why, and they do."""
+    from zkbeat.leading import replica
+
+    monkeypatch.setattr(replica, "SIGNAL_HOLD_LIMIT", 0.0)
+    scheduler = leader_with_runs(make_scheduler, published, ["report"])
+    earlier = run_times("report")
+    writes = Writes(monkeypatch, zk_client, candidates_of(scheduler))
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        scheduler.close()
+
+    assert scheduler.closed and writes == []
+    cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
+    assert [(r.levelno, "1 of 1 rows" in r.getMessage(), "no time left" in r.getMessage()) for r in cut] == [
+        (logging.WARNING, True, True)
+    ], caplog.text
+    assert run_times("report") == earlier

@@ -12,14 +12,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.support.djangosupport import interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    return "zkbeat.DatabaseScheduler"
+pytestmark = ON_THE_DATABASE
 
 
 @pytest.mark.parametrize("app_tz", ["UTC", "America/New_York", "Asia/Kolkata"])

@@ -15,21 +15,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.support.djangosupport import interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task
 from tests.support.helpers import Published, lead, lead_until_published, wait_for
 from tests.support.messages import compare_shaped_messages, queued_messages
 from tests.support.servers import RedisServer
 from zkbeat.leading import batch_publish
 
-pytestmark = pytest.mark.usefixtures("beat_db")
+pytestmark = ON_THE_DATABASE
 
 ROWS = 16
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler builds zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
 
 
 def test_rows_share_a_message_shape_and_each_first_message_is_the_one_kombu_writes(

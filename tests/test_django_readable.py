@@ -10,17 +10,11 @@ from kazoo.client import KazooClient
 
 import zkbeat.leading.leadership as leadership_module
 import zkbeat.leading.sharded as sharded_module
-from tests.support.djangosupport import database_unreachable, interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, database_unreachable, interval_task
 from tests.support.helpers import wait_for
 from zkbeat.coordination.shards import unready_path
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler builds zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
+pytestmark = ON_THE_DATABASE
 
 
 def test_the_database_scheduler_says_its_schedule_is_readable_only_while_the_database_answers(make_scheduler) -> None:

@@ -12,19 +12,12 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta, timezone
 
-import pytest
-
-from tests.support.djangosupport import interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task
 from tests.support.helpers import Published, lead_until_published, wait_for
 from tests.support.messages import queued_messages
 from tests.support.servers import RedisServer
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    return "zkbeat.DatabaseScheduler"
+pytestmark = ON_THE_DATABASE
 
 
 def _sent_headers(

@@ -6,29 +6,14 @@ failed to read."""
 
 from __future__ import annotations
 
-import pytest
 from kazoo.client import KazooClient
 
-from tests.support.djangosupport import database_unreachable, interval_task
-from tests.support.helpers import Published, lead, wait_for
+from tests.support.djangosupport import ON_THE_DATABASE, database_unreachable, interval_task, pump
+from tests.support.helpers import Published, lead
 from zkbeat.leading import term as term_module
 from zkbeat.ledger import controls
 
-pytestmark = pytest.mark.usefixtures("beat_db")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_scheduler builds zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
-
-
-def pump(scheduler, until, timeout: float = 20):
-    def step():
-        scheduler.tick()
-        return until()
-
-    return wait_for(step, timeout=timeout, interval=0.05)
+pytestmark = ON_THE_DATABASE
 
 
 def test_a_request_waits_while_the_schedule_failed_to_load_and_runs_once_it_loads(

@@ -16,24 +16,18 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
-from tests.support.djangosupport import DjangoCluster, interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, DjangoCluster, interval_task
 from tests.support.helpers import wait_for
 from tests.support.processes import Publish
 from tests.support.proxy import TcpProxy
 from tests.support.servers import ZooKeeperServer, free_port
 from tests.test_cli import zkbeat
 
-pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("beat_db")]
+pytestmark = [pytest.mark.processes, *ON_THE_DATABASE]
 
 MakeCluster = Callable[..., DjangoCluster]
 CANNOT_READ = "cannot read the schedule from the database"
 STEPPED_ASIDE = "the schedule has not loaded in 6s as leader"
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_cluster's replicas run zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
 
 
 def published_by(cluster: DjangoCluster, pid: int, entry: str | None = None) -> list[Publish]:

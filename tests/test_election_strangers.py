@@ -17,10 +17,14 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions
 
-from tests.support.helpers import wait_for
+from tests.support.helpers import Published, every, names_in_every_shard, wait_for
 from tests.support.processes import ROOT
 from tests.support.servers import ZooKeeperServer
+from tests.test_shards import lead_every_shard
+from tests.test_shards import zkbeat as shards_zkbeat
+from tests.test_shards_review import Loop
 from zkbeat.coordination.election import LeaderElection
+from zkbeat.coordination.shards import election_path
 
 
 @pytest.fixture
@@ -164,3 +168,37 @@ def test_a_failed_announcement_is_made_again(zk_client: KazooClient, path: str, 
     election.recheck()
     name = election.candidate.rsplit("/", 1)[1]
     wait_for(lambda: json.loads(zk_client.get(path)[0] or b"{}").get("leader") == name, message="announced")
+
+
+def test_a_stranger_s_candidate_nested_past_the_recursion_limit_stops_no_loop_and_no_takeover(
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published
+) -> None:
+    """A live session's znode named as zkbeat names candidates, in each shard's election, whose data is valid JSON
+    nested deeper than Python's recursion limit (json raises RecursionError, not ValueError): it is a candidate
+    whose data cannot be read, as any other. Before, the fair share's read of the lines raised it out of
+    tick() (a beat loop ended), `zkbeat status` failed, and a follower's election check failed on every try,
+    so the shards of a leader that stopped were led by nobody."""
+    entries = {name: every(0.5) for name in names_in_every_shard(zk_root, 2)}
+    settings = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    first = make_scheduler(entries, identity="first", **settings)
+    lead_every_shard(first)
+    second = make_scheduler(entries, identity="second", **settings)
+    for shard in range(2):
+        zk_client.create(
+            f"{election_path(zk_root, shard, 2)}/candidate-{uuid.uuid4().hex}-9999999999",
+            b"[" * 100_000 + b"]" * 100_000,
+            ephemeral=True,
+        )
+    with Loop(first) as first_loop, Loop(second):
+        since = len(published.headers)
+        wait_for(lambda: all(published.entries()[since:].count(name) >= 3 for name in entries), timeout=60)
+        shown = shards_zkbeat(first, "status")
+        assert shown.returncode == 0, shown.stderr
+        first_loop.__exit__(None, None, None)  # first stops: second must lead both shards
+        wait_for(
+            lambda: all(s.election.leadership is not None for s in second._shards),
+            timeout=60,
+            message="second never led both shards",
+        )
+        since = len(published.headers)
+        wait_for(lambda: all(published.entries()[since:].count(name) >= 3 for name in entries), timeout=60)

@@ -18,6 +18,7 @@ from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, SessionExpir
 
 from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperServer, expire_session, expire_session_quietly
+from tests.support.undecodable import plant
 from zkbeat.exceptions import ClaimConflictError, FencedError
 from zkbeat.ledger.store import ABSENT, Claim, EntryState, Ledger, LedgerRecord, encode_state
 
@@ -279,18 +280,23 @@ GARBAGE = {
     "epoch bool": json.dumps({"last_run_at": "2024-05-01T12:00:00+00:00", "epoch": True}).encode(),
     "updated_at number": json.dumps({"last_run_at": "2024-05-01T12:00:00+00:00", "updated_at": 7}).encode(),
     "slot list": json.dumps({"last_run_at": "2024-05-01T12:00:00+00:00", "slot": []}).encode(),
+    # Valid JSON that Python's json cannot decode (RecursionError, not ValueError): Ledger.load raised it
+    # out of every takeover's term, and each leader stepped down every three passes, publishing nothing.
+    "nested past the recursion limit": b"[" * 100_000 + b"]" * 100_000,
+    # No data at all, not even b"" (zkCli's `set <path>` of nothing, a Java client's null): AttributeError before.
+    "null data": None,
 }
 
 
 @pytest.mark.parametrize("garbage", list(GARBAGE.values()), ids=list(GARBAGE))
 def test_unreadable_entry_is_logged_and_loads_as_no_state(
-    zk_client: KazooClient, ledger: Ledger, fence: str, caplog: pytest.LogCaptureFixture, garbage: bytes
+    zk_client: KazooClient, ledger: Ledger, fence: str, caplog: pytest.LogCaptureFixture, garbage: bytes | None
 ) -> None:
     """A znode holding data zkbeat cannot parse loads as state None (logged with its path) and can be overwritten."""
     ledger.claim([Claim("good-1", state(1)), Claim("good-2", state(2))], fence)
     bad_path = ledger.entry_path("bad")
     zk_client.create(bad_path, b"placeholder")
-    zk_client.set(bad_path, garbage)  # version 1
+    plant(zk_client, bad_path, garbage)  # version 1
     caplog.set_level(logging.WARNING, logger="zkbeat.ledger.store")
 
     loaded = ledger.load()

@@ -11,10 +11,7 @@ import pytest
 from kazoo.exceptions import ConnectionLoss
 
 from tests.support.helpers import Published, every, fail_next_claim, lead, wait_for
-
-
-class Terminated(BaseException):  # as SystemExit: no except Exception catches it
-    pass
+from tests.support.signals import Terminated, sigterm_raises
 
 
 def next_leader_slots(make_scheduler, published: Published) -> list[str]:
@@ -52,15 +49,8 @@ def test_a_late_publish_cut_short_by_sigterm_is_not_written_back(
 
     monkeypatch.setattr(first, "apply_async", apply_then_sigterm)
 
-    def on_sigterm(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        with pytest.raises(Terminated):
-            wait_for(lambda: first.tick() is not None and False, timeout=10)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_raises(), pytest.raises(Terminated):
+        wait_for(lambda: first.tick() is not None and False, timeout=10)
     assert [h["zkbeat-slot"] for h in published.headers] == [committed[0].isoformat()]
     first.close()
 

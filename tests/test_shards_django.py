@@ -18,14 +18,14 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
-from tests.support.djangosupport import DjangoCluster, DjangoReplica, periodic_task
+from tests.support.djangosupport import ON_THE_DATABASE, DjangoCluster, DjangoReplica, periodic_task
 from tests.support.helpers import wait_for
 from tests.test_cli import zkbeat
 from tests.test_django_unreadable import unreachable
 from tests.test_shards_processes import heads, settled
 from zkbeat.coordination.shards import shard_of
 
-pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("beat_db")]
+pytestmark = [pytest.mark.processes, *ON_THE_DATABASE]
 
 MakeCluster = Callable[..., DjangoCluster]
 
@@ -33,12 +33,6 @@ ROWS = 200
 SHARDS = 3
 TIMEOUT = 90
 HOLDING = re.compile(r"zkbeat: holding (\d+) entries")
-
-
-@pytest.fixture
-def beat_scheduler() -> str:
-    """make_cluster's replicas run zkbeat.DatabaseScheduler here."""
-    return "zkbeat.DatabaseScheduler"
 
 
 def make_rows(count: int) -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -29,8 +31,10 @@ from tests.support.helpers import Published, every, names_in_every_shard, wait_f
 from tests.support.servers import free_port
 from tests.test_shards import lead_every_shard, zkbeat
 from tests.test_shards_review import Loop, count_terms
+from zkbeat.conf import read_settings
 from zkbeat.coordination.candidates import CandidateReader
 from zkbeat.coordination.shards import REPLICA_KEY, FairShare, Move, election_path, rebalance, unready_path
+from zkbeat.ops.dashboard.model import ClusterModel
 
 # -- the rule -------------------------------------------------------------------
 
@@ -453,7 +457,8 @@ def test_a_stranger_s_ephemeral_listing_that_takes_no_marks_stops_no_step_back(
 def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
     make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
 ) -> None:
-    """What docs/how-it-works.md says of ``<root>/v1/unready/<replica id>``: ephemeral, JSON {why, since}; and
+    """What docs/how-it-works.md says of ``<root>/v1/unready/<replica id>``: ephemeral, JSON {why, since,
+    identity, host, pid}; and
     docs/sharding.md: a replica that stops leaves none behind. ``leader`` leads both shards (never ticking),
     so the marked replica leads nothing that could unmark it."""
     settings: dict[str, Any] = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
@@ -470,6 +475,7 @@ def test_the_mark_is_ephemeral_json_and_goes_when_its_replica_stops(
         data = json.loads(raw)
         assert data["why"] == "test: cannot lead"
         assert isinstance(data["since"], float) and abs(data["since"] - time.time()) < 3600, data
+        assert (data["identity"], data["host"], data["pid"]) == ("r", socket.gethostname(), os.getpid()), data
     wait_for(lambda: zk_client.exists(mark) is None, timeout=30, message="the mark outlived its replica")
 
 
@@ -526,3 +532,248 @@ def test_a_probe_that_hangs_is_a_hung_leader_to_the_watchdog(
             timeout=60,
             message="a kept its shard while its probe hung",
         )
+
+
+# -- a replica marked unready that takes a shard all the same ----------------------
+
+
+def test_a_marked_replica_steps_aside_only_for_a_ready_one_behind_it_in_that_line() -> None:
+    """``ready_successor``: the first replica behind this one that can lead, never one marked or excluded, never
+    nobody; and only while this replica's own mark is listed (else the listing tells nothing of the others)."""
+    assert shards_module.ready_successor(("U", "V", "A"), "U", {"U", "V"}, listed=True) == "A"
+    assert shards_module.ready_successor(("U", "A"), "U", {"U"}, listed=True) == "A"
+    assert shards_module.ready_successor(("U", "V"), "U", {"U", "V"}, listed=True) is None
+    assert shards_module.ready_successor(("U",), "U", {"U"}, listed=True) is None
+    assert shards_module.ready_successor(("A", "U"), "U", {"U"}, listed=True) is None  # nobody behind it
+    assert shards_module.ready_successor(("U", "A"), "U", {"U"}, listed=False) is None
+    assert shards_module.ready_successor(("V", "A"), "U", {"U"}, listed=True) is None  # not in that line
+
+
+def _marked(scheduler: Any, attempts: list[int]) -> None:
+    """``scheduler`` cannot read its schedule (each load attempt recorded by shard), and says so before it runs."""
+
+    def loaded() -> bool:
+        attempts.append(scheduler._shard.index)
+        return False
+
+    scheduler.schedule_loaded = loaded
+    scheduler.schedule_readable = lambda: False
+    scheduler._fair_share.mark_unready("test: cannot lead")
+
+
+def test_a_replica_marked_unready_that_takes_a_shard_steps_aside_at_once_for_a_ready_one_behind_it(
+    make_scheduler, zk_client: KazooClient, zk_root: str, published: Published, quick: None, caplog
+) -> None:
+    """``marked`` said it cannot lead, and heads both lines with ``ready`` behind it when their leader stops (it
+    would have stepped back in the seconds after: here its fair share makes no move). It tries to load its
+    schedule once in each shard, then steps aside at once: ``ready`` leads both shards, although
+    zkbeat_stall_timeout is an hour (before, each shard stayed unpublished for that long). Said once a shard,
+    counted in zkbeat_schedule_load_step_downs_total."""
+    entries = {name: every(0.5, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=2))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    marked = make_scheduler(entries, identity="marked", **settings)
+    attempts: list[int] = []
+    _marked(marked, attempts)
+    marked._fair_share.decide = lambda: None  # the moment before it steps back: no move of its fair share
+    step_downs: list[int] = []
+    original = marked.metrics.schedule_load_step_down
+    marked.metrics.schedule_load_step_down = lambda: (step_downs.append(1), original())
+    terms = count_terms(marked)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    ready = make_scheduler(entries, identity="ready", **settings)
+    wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    mark = f"{unready_path(zk_root)}/{marked._replica}"
+    with caplog.at_level(logging.INFO, logger="zkbeat"), Loop(marked), Loop(ready):
+        wait_for(lambda: zk_client.exists(mark), timeout=30, message="no unready mark")
+        leader.close()  # its shards go to the head of each line: marked
+        wait_for(
+            lambda: all(s.election.leadership is not None for s in ready._shards),
+            timeout=60,
+            message=lambda: f"ready leads {[s.election.leadership is not None for s in ready._shards]}",
+        )
+        since = len(published.headers)
+        wait_for(lambda: all(published.entries()[since:].count(name) >= 2 for name in entries), timeout=60)
+    assert {shard for shard, _ in terms} == {0, 1}, terms  # it took both shards
+    assert {0, 1} <= set(attempts), attempts  # and tried to load each once first
+    assert len(step_downs) == 2, step_downs
+    said = [r.getMessage() for r in caplog.records if "stepping aside at once" in r.getMessage()]
+    assert len(said) == 2 and all("marked" in line for line in said), said
+
+
+def test_replicas_marked_unready_keep_a_shard_none_behind_them_can_lead(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """``first`` and ``second`` both said they cannot lead; ``first`` heads both lines when their leader stops,
+    ``second`` behind it. Neither can do better: ``first`` keeps trying both shards (no step aside in favour
+    of a replica that cannot lead either, so the two never hand the shards back and forth)."""
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    first = make_scheduler(entries, identity="first", **settings)
+    first_attempts: list[int] = []
+    _marked(first, first_attempts)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    second = make_scheduler(entries, identity="second", **settings)
+    _marked(second, [])
+    wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    first_terms, second_terms = count_terms(first), count_terms(second)
+    marks = [f"{unready_path(zk_root)}/{r._replica}" for r in (first, second)]
+    with Loop(first), Loop(second):
+        wait_for(lambda: all(zk_client.exists(mark) for mark in marks), timeout=30, message="no unready marks")
+        wait_for(lambda: len(first._fair_share.unready()) == 2, timeout=30)
+        leader.close()
+        wait_for(lambda: all(s.term is not None for s in first._shards), timeout=60, message="first took no shard")
+        # Many passes of first's retries, each one a chance to step aside.
+        wait_for(lambda: min(first_attempts.count(0), first_attempts.count(1)) >= 8, timeout=60)
+        assert all(s.election.leadership is not None for s in first._shards)
+    assert sorted(shard for shard, _ in first_terms) == [0, 1], first_terms
+    assert second_terms == [], second_terms
+
+
+def test_status_and_the_dashboard_list_a_replica_marked_unready_that_is_in_no_line(
+    make_scheduler,
+    zk_server,
+    redis_server,
+    tmp_path,
+    zk_client: KazooClient,
+    zk_root: str,
+    quick: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``broken`` leads both shards and its schedule never loads: it steps aside from both and stays out of every
+    line (LOAD_RECHECK, an hour here). `zkbeat status` (text and --json) and the dashboard's model still list
+    its mark, with its reason and since when (before, only marks of replicas in a line showed: it was in no
+    table), and so does the page's replicas table. A stranger's child in the listing is shown nowhere."""
+    monkeypatch.setattr(leadership_module, "LOAD_RECHECK", 3600.0)
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 5.5, "beat_max_loop_interval": 0.2}
+    broken = make_scheduler({"a": every(1)}, identity="broken", **settings)
+    broken.schedule_loaded = lambda: False
+    broken.schedule_readable = lambda: False
+    lead_every_shard(broken)
+    zk_client.create(f"{unready_path(zk_root)}/not-a-replica", b'{"why": "a stranger"}', makepath=True)
+    mark = f"{unready_path(zk_root)}/{broken._replica}"
+
+    def out_of_every_line() -> bool:
+        lines = lines_of(zk_client, zk_root, 2)
+        return zk_client.exists(mark) is not None and not any(broken._replica in line for line in lines.values())
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(Loop(broken))
+        wait_for(out_of_every_line, timeout=60, message=lambda: repr(lines_of(zk_client, zk_root, 2)))
+        why = json.loads(zk_client.get(mark)[0])["why"]
+        good = make_scheduler({"a": every(1)}, identity="good", **settings)
+        lead_every_shard(good)
+        stack.enter_context(Loop(good))  # it announces itself: the dashboard's page waits for a leader
+
+        shown = zkbeat(good, "status").stdout
+        said = [line for line in shown.splitlines() if line.startswith("not ready to lead")]
+        assert len(said) == 1, shown
+        assert said[0].startswith(f"not ready to lead: broken (pid {os.getpid()}, in no line): {why}, since "), said
+        assert "a stranger" not in shown, shown
+        found = json.loads(zkbeat(good, "status", "--json").stdout)
+        assert [c["identity"] for c in found["candidates"]] == ["good"], found["candidates"]
+        (listed,) = found["unready"]
+        assert listed["replica"] == broken._replica and listed["identity"] == "broken", listed
+        assert listed["why"] == why and listed["in_line"] is False and listed["since"], listed
+
+        client = KazooClient(zk_server.hosts)
+        client.start(timeout=15)
+        model = ClusterModel(
+            client, read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, **settings}, None)
+        )
+        model.start()
+        try:
+            wait_for(lambda: model.snapshot().get("unready"), timeout=30, message=lambda: repr(model.snapshot()))
+            (shown_mark,) = model.snapshot()["unready"]
+            assert {k: shown_mark[k] for k in ("replica", "identity", "why", "in_line")} == {
+                "replica": broken._replica,
+                "identity": "broken",
+                "why": why,
+                "in_line": False,
+            }, shown_mark
+            assert shown_mark["since"], shown_mark
+        finally:
+            model.stop()
+            client.stop()
+            client.close()
+
+        # The page's replicas table (chromium) has a row for it.
+        env = {
+            "ZKBEAT_HOSTS": zk_server.hosts,
+            "ZKBEAT_TEST_BROKER": redis_server.url,
+            "ZKBEAT_TEST_ROOT": zk_root,
+            "ZKBEAT_TEST_CONF": json.dumps({"zkbeat_shards": 2}),
+        }
+        dashboard = Dashboard(env, tmp_path)
+        try:
+            dashboard.wait_ready()
+            with browser_page() as page:
+                page.goto(dashboard.url)
+                row = "#candidates tbody tr.unready.out-of-line"
+                wait_for(lambda: page.query_selector(row), timeout=30, message=lambda: page.inner_text("#candidates"))
+                text = page.inner_text(row)
+                assert "broken" in text and f"not ready to lead: {why}; in no line; since" in text, text
+                assert "a stranger" not in page.inner_text("#candidates")
+        finally:
+            dashboard.stop()
+
+
+def test_a_replica_marked_unready_with_nobody_behind_it_keeps_trying(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """docs/sharding.md: with none behind it that can lead, "none steps aside for nobody". ``marked`` said it
+    cannot lead and is alone behind ``leader`` in both lines; ``leader`` stops: ``marked`` leads both shards
+    and keeps trying its schedule (zkbeat_stall_timeout is an hour), never out of a line in favour of nobody."""
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    marked = make_scheduler(entries, identity="marked", **settings)
+    attempts: list[int] = []
+    _marked(marked, attempts)
+    step_downs: list[int] = []
+    marked.metrics.schedule_load_step_down = lambda: step_downs.append(1)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    mark = f"{unready_path(zk_root)}/{marked._replica}"
+    with Loop(marked):
+        wait_for(lambda: zk_client.exists(mark), timeout=30, message="no unready mark")
+        wait_for(lambda: marked._replica in marked._fair_share.unready(), timeout=30)
+        leader.close()
+        wait_for(lambda: all(s.term is not None for s in marked._shards), timeout=60, message="marked took no shard")
+        wait_for(lambda: min(attempts.count(0), attempts.count(1)) >= 8, timeout=60)
+        assert all(s.election.leadership is not None for s in marked._shards)
+    assert step_downs == [], step_downs
+
+
+def test_a_replica_whose_mark_is_refused_never_steps_aside_at_once(
+    make_scheduler, zk_client: KazooClient, zk_root: str, quick: None
+) -> None:
+    """docs/sharding.md: a replica whose mark ZooKeeper refuses "never steps aside at once (it cannot tell then
+    which replicas are marked)". ``<root>/v1/unready`` is someone else's, under an ACL that denies zkbeat
+    everything; ``marked`` said it cannot lead and heads both lines with ``ready`` behind it when ``leader``
+    stops: it keeps trying its schedule in both shards (zkbeat_stall_timeout is an hour), ``ready`` leads none."""
+    zk_client.ensure_path(f"{zk_root}/v1")
+    zk_client.create(unready_path(zk_root), acl=[make_digest_acl("someone", "else", all=True)])
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    marked = make_scheduler(entries, identity="marked", **settings)
+    attempts: list[int] = []
+    _marked(marked, attempts)
+    marked._fair_share.decide = lambda: None  # the moment before it steps back: no move of its fair share
+    step_downs: list[int] = []
+    marked.metrics.schedule_load_step_down = lambda: step_downs.append(1)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    ready = make_scheduler(entries, identity="ready", **settings)
+    wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    with Loop(marked), Loop(ready):
+        leader.close()
+        wait_for(lambda: all(s.term is not None for s in marked._shards), timeout=60, message="marked took no shard")
+        wait_for(lambda: min(attempts.count(0), attempts.count(1)) >= 8, timeout=60)
+        assert all(s.election.leadership is not None for s in marked._shards)
+        assert not any(s.election.leadership is not None for s in ready._shards)
+    assert step_downs == [], step_downs

@@ -13,6 +13,7 @@ import pytest
 from celery import beat
 
 from tests.support.helpers import every, lead
+from tests.support.signals import close_under_a_second_sigterm
 from zkbeat.leading._signals import hold_shutdown_signals
 
 
@@ -210,18 +211,6 @@ def test_a_second_sigterm_during_close_waits_until_close_is_done(
         release(final)
 
     monkeypatch.setattr(scheduler, "_release_pending", signal_during_close)
-
-    class Terminated(BaseException):
-        pass
-
-    def on_sigterm(signum, frame):
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        with pytest.raises(Terminated):
-            scheduler.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    close_under_a_second_sigterm(scheduler)
     assert zk_client.exists(candidate) is None, "close() was cut short: the candidate was left behind"
     assert scheduler.zk_client is None or not scheduler.zk_client.connected

@@ -23,15 +23,18 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import redis
 
+from tests.support.helpers import Published, wait_for
 from tests.support.processes import ROOT, Publish, Replica, read_publishes
+from tests.support.proxy import TcpProxy
 from tests.support.servers import free_port
 
 EXAMPLE_PROJECT = ROOT / "example_project"
@@ -195,14 +198,33 @@ def database_unreachable() -> Iterator[None]:
     in-process scheduler and the test alike: they share the connection.
     Everything is as it was again once the block ends.
     """
+    with _database_at(free_port()):
+        yield
+
+
+@contextlib.contextmanager
+def database_through_proxy() -> Iterator[TcpProxy]:
+    """This process's Django connection goes through a TcpProxy to PostgreSQL, which the test can black-hole.
+
+    The connection is open when the block starts: a query sent once the proxy
+    black-holes simply gets no answer, as from a server that stopped answering.
+    """
     from django.db import connection
 
-    from tests.support.servers import free_port
+    with TcpProxy(int(connection.settings_dict["PORT"] or 5432)) as proxy, _database_at(proxy.port):
+        connection.ensure_connection()
+        yield proxy
+
+
+@contextlib.contextmanager
+def _database_at(port: int) -> Iterator[None]:
+    """Django's default connection on 127.0.0.1:``port`` within the block; closed on entry and exit."""
+    from django.db import connection
 
     settings = connection.settings_dict
     saved = {key: settings.get(key) for key in ("HOST", "PORT")}
     connection.close()
-    settings.update(HOST="127.0.0.1", PORT=str(free_port()))
+    settings.update(HOST="127.0.0.1", PORT=str(port))
     try:
         yield
     finally:
@@ -278,11 +300,46 @@ def replica_env(*, database_url: str, zk_hosts: str, broker: str, root: str, rec
     }
 
 
+#: A Django test module's marks (``pytestmark``): its schedulers and clusters run zkbeat.DatabaseScheduler
+#: (conftest's ``beat_scheduler``) on the test database, emptied for each test.
+ON_THE_DATABASE = [pytest.mark.usefixtures("beat_db"), pytest.mark.beat_scheduler("zkbeat.DatabaseScheduler")]
+
+
+def pump(scheduler, until: Callable[[], Any], timeout: float = 30, message=None):
+    """Run an in-process scheduler's loop (without its sleeps) until ``until()`` holds; returns what it returned."""
+
+    def step():
+        scheduler.tick()
+        return until()
+
+    return wait_for(step, timeout=timeout, interval=0.05, message=message)
+
+
+def leader_with_runs(make_scheduler, published: Published, names: Iterable[str], times: int = 3, **conf):
+    """A DatabaseScheduler (``make_scheduler(**conf)``) leading every shard, with a row every second for each
+    name made first; returned once each was published ``times`` times and its run is not written to its row yet."""
+    names = list(names)
+    for name in names:
+        interval_task(name, 1)
+    scheduler = make_scheduler(**conf)
+    for shard in scheduler._shards:
+        assert shard.election.wait_for_leadership(15), f"never led shard {shard.index}"
+    pump(scheduler, lambda: all(published.count(name) >= times for name in names))
+    pump(scheduler, lambda: set(names) <= scheduler._dirty)
+    return scheduler
+
+
 def periodic_task(name: str):
     """The task's row as it is in the database now."""
     from django_celery_beat.models import PeriodicTask
 
     return PeriodicTask.objects.get(name=name)
+
+
+def run_times(name: str) -> tuple[datetime | None, int]:
+    """(last_run_at, total_run_count) of the task's row as it is in the database now."""
+    row = periodic_task(name)
+    return row.last_run_at, row.total_run_count
 
 
 class DjangoCluster:

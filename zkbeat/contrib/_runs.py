@@ -23,41 +23,82 @@ another transaction is writing (the successor's sync, many rows in one
 statement, in an order of its plan's choosing) is left to it; waiting for
 it could close a cycle with the successor, and PostgreSQL would abort one
 of the two writes as a deadlock.
+
+With ``timeout`` (the write at exit, which holds the process's exit), on
+PostgreSQL each chunk is a transaction bounded by what is left of it
+(zkbeat.contrib._time_limit); a chunk cut short rolls back, and the chunks
+after it are not tried. (A signal would not end a hung call: Python runs
+its handler only once the driver returns.) Other databases have no such
+bound here: SQLite waits for a lock at most its busy ``timeout`` (5 s
+unless the database's ``OPTIONS`` say otherwise), MySQL as long as its
+``innodb_lock_wait_timeout``.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
-from django.db import connections, router, transaction
+from django.db import DatabaseError, Error, connections, router
 from django.db.models import Model, Q
 
-__all__ = ["write_run_times"]
+from ._time_limit import cut_off, timed_out, transaction_until
+
+__all__ = ["RunTimesNotWritten", "write_run_times"]
 
 #: Rows per statement: PostgreSQL takes any number; SQLite before 3.32 took 999 parameters.
 CHUNK = {"postgresql": 1000, "sqlite": 300}
 
 
-def write_run_times(model: type[Model], runs: Sequence[tuple[int, datetime, int]], *, only_newer: bool = False) -> None:
+class RunTimesNotWritten(DatabaseError):
+    """A write of run times ended early: ``left`` of ``total`` rows were not written (their chunks rolled back)."""
+
+    def __init__(self, left: int, total: int, cause: BaseException, timed_out: bool) -> None:
+        super().__init__(str(cause))
+        self.left, self.total, self.cause, self.timed_out = left, total, cause, timed_out
+
+    @property
+    def reason(self) -> str:
+        """The first line of what the database or the driver said."""
+        return (str(self.cause).strip().splitlines() or [type(self.cause).__name__])[0]
+
+
+def write_run_times(
+    model: type[Model],
+    runs: Sequence[tuple[int, datetime, int]],
+    *,
+    only_newer: bool = False,
+    timeout: float | None = None,
+) -> None:
     """Write (pk, last_run_at, total_run_count) to each row of ``model`` that is still enabled.
 
     ``only_newer``: and whose ``last_run_at`` is empty or older than the one written (on PostgreSQL: and
-    that no other transaction holds locked; this write never waits for one).
+    that no other transaction holds locked; this write never waits for one). ``timeout``: seconds the
+    whole write may take, on PostgreSQL. Raises :class:`RunTimesNotWritten` (a ``DatabaseError``).
     """
     if not runs:
         return
     connection = connections[router.db_for_write(model)]
-    if _joins(connection):
-        _write_joined(model, connection, runs, only_newer)
-        return
-    manager = model._default_manager.db_manager(connection.alias)
-    for pk, last_run_at, total_run_count in runs:
-        rows = manager.filter(pk=pk, enabled=True)
-        if only_newer:
-            rows = rows.filter(Q(last_run_at__isnull=True) | Q(last_run_at__lt=last_run_at))
-        rows.update(last_run_at=last_run_at, total_run_count=total_run_count)
+    limited = timeout is not None and connection.vendor == "postgresql"
+    deadline = time.monotonic() + timeout if limited else None
+    written = 0
+    try:
+        with cut_off(connection, deadline):
+            if _joins(connection):
+                for done in _write_joined(model, connection, runs, only_newer, deadline):
+                    written += done
+                return
+            manager = model._default_manager.db_manager(connection.alias)
+            for pk, last_run_at, total_run_count in runs:
+                rows = manager.filter(pk=pk, enabled=True)
+                if only_newer:
+                    rows = rows.filter(Q(last_run_at__isnull=True) | Q(last_run_at__lt=last_run_at))
+                rows.update(last_run_at=last_run_at, total_run_count=total_run_count)
+                written += 1
+    except Error as exc:
+        raise RunTimesNotWritten(len(runs) - written, len(runs), exc, timed_out(exc)) from exc
 
 
 def _joins(connection) -> bool:
@@ -67,9 +108,16 @@ def _joins(connection) -> bool:
 
 
 def _write_joined(
-    model: type[Model], connection, runs: Sequence[tuple[int, datetime, int]], only_newer: bool = False
-) -> None:
-    """``UPDATE table SET ... FROM (VALUES ...) WHERE table.id = v.id AND table.enabled``, a chunk at a time."""
+    model: type[Model],
+    connection,
+    runs: Sequence[tuple[int, datetime, int]],
+    only_newer: bool = False,
+    deadline: float | None = None,
+) -> Iterator[int]:
+    """``UPDATE table SET ... FROM (VALUES ...) WHERE table.id = v.id AND table.enabled``, a chunk at a time.
+
+    Yields the number of runs of each chunk once it is written (committed, outside a caller's transaction).
+    """
     meta = model._meta
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
@@ -106,15 +154,20 @@ def _write_joined(
     with connection.cursor() as cursor:
         for start in range(0, len(runs), size):
             chunk = runs[start : start + size]
-            if not skip_locked:
+            if not skip_locked and deadline is None:
                 update(cursor, chunk)
+                yield len(chunk)
                 continue
-            with transaction.atomic(using=connection.alias):  # its rows stay locked until its UPDATE is done
-                cursor.execute(
-                    f"SELECT {pk} FROM {table} WHERE {pk} = ANY(%s{casts[0]}[]) FOR UPDATE SKIP LOCKED",
-                    [[key for key, _, _ in chunk]],
-                )
-                locked = {key for (key,) in cursor.fetchall()}
-                chunk = [run for run in chunk if run[0] in locked]
-                if chunk:
-                    update(cursor, chunk)
+            with transaction_until(connection, cursor, deadline):  # its rows stay locked until its UPDATE is done
+                if skip_locked:
+                    cursor.execute(
+                        f"SELECT {pk} FROM {table} WHERE {pk} = ANY(%s{casts[0]}[]) FOR UPDATE SKIP LOCKED",
+                        [[key for key, _, _ in chunk]],
+                    )
+                    locked = {key for (key,) in cursor.fetchall()}
+                    writing = [run for run in chunk if run[0] in locked]
+                else:
+                    writing = chunk
+                if writing:
+                    update(cursor, writing)
+            yield len(chunk)

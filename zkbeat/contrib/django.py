@@ -79,7 +79,7 @@ from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
 from . import _rows
 from ._heap import Placer
-from ._runs import write_run_times
+from ._runs import RunTimesNotWritten, write_run_times
 from ._table import Changes, TaskTable
 
 __all__ = ["DatabaseScheduler", "ModelEntry", "keeps_own_run", "copy_row"]
@@ -92,6 +92,11 @@ logger = logging.getLogger(__name__)
 #: (raw SQL, ``QuerySet.update``). django-celery-beat's own interval for its
 #: full re-read (``SCHEDULE_SYNC_MAX_INTERVAL``), five minutes.
 FULL_RELOAD_INTERVAL = getattr(schedulers, "SCHEDULE_SYNC_MAX_INTERVAL", 300)
+#: Seconds the write of run times after the handover may take (on PostgreSQL: zkbeat.contrib._runs). The
+#: process's exit waits for it, and the rows are only what the admin shows: the ledger decides what runs.
+LATE_WRITE_TIMEOUT = 5.0
+#: Seconds of close()'s signal hold the late write leaves unused (its connection is cut a second past its timeout).
+LATE_WRITE_MARGIN = 2.0
 
 
 class ModelEntry(schedulers.ModelEntry):
@@ -775,15 +780,23 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         return functools.partial(self._write_after_handover, runs)
 
     def _write_after_handover(self, runs: list[tuple[int, datetime, int]]) -> None:
+        """The write :meth:`sync_at_close` deferred, bounded (LATE_WRITE_TIMEOUT): the process's exit waits for it."""
         started = time.monotonic()
+        left = self.shutdown_hold_left()
+        timeout = LATE_WRITE_TIMEOUT if left is None else min(LATE_WRITE_TIMEOUT, left - LATE_WRITE_MARGIN)
         close_old_connections()
         try:
-            write_run_times(self.Model, runs, only_newer=True)
-        except DatabaseError as exc:
-            logger.error(
-                "zkbeat: cannot write run times to the database after handing over (%r); the rows keep their "
-                "earlier ones (the ledger holds the runs)",
-                exc,
+            if timeout <= 0:
+                raise RunTimesNotWritten(len(runs), len(runs), TimeoutError("no time left of the shutdown hold"), True)
+            write_run_times(self.Model, runs, only_newer=True, timeout=timeout)
+        except RunTimesNotWritten as exc:
+            logger.log(
+                logging.WARNING if exc.timed_out else logging.ERROR,
+                "zkbeat: cannot write run times to the database after handing over: %d of %d rows keep their "
+                "earlier run times (%s); the ledger holds the runs",
+                exc.left,
+                exc.total,
+                f"not done within {max(timeout, 0):.1f} s: {exc.reason}" if exc.timed_out else repr(exc.cause),
             )
             return
         logger.info(

@@ -80,6 +80,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError, ZookeeperError
 from kazoo.protocol.states import WatchedEvent
 
+from .._decode import json_object
 from .candidates import CandidateNode, parse_name
 from .election import Fence, LeaderElection
 
@@ -345,9 +346,10 @@ class BrokerHandover:
             except NoAuthError:
                 self._ignore(path, "zkbeat may not read it (NoAuth: its ACL does not grant this replica's credentials)")
                 continue
-            data = _json(raw)
-            if data is None:
-                self._ignore(path, "it holds data zkbeat cannot read (not a JSON object)")
+            try:
+                data = json_object(raw, empty_ok=True)
+            except ValueError as exc:
+                self._ignore(path, f"it holds data zkbeat cannot read ({exc})")
                 continue
             found.append((child, data))
         self._ignored &= {f"{self.answers}/{child}" for child in children}
@@ -535,10 +537,9 @@ class BrokerHandover:
 
 def _json(raw: bytes | None) -> dict[str, Any] | None:
     try:
-        data = json.loads(raw.decode("utf-8")) if raw else {}
-    except (ValueError, UnicodeDecodeError):
+        return json_object(raw, empty_ok=True)
+    except ValueError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _chain(raw: Any, election_path: str) -> Chain | None:

@@ -35,7 +35,6 @@ candidate unreadable at any time.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -45,6 +44,8 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
+
+from .._decode import json_object
 
 __all__ = ["PREFIX", "CandidateNode", "Stranger", "Line", "CandidateReader", "parse_name"]
 
@@ -195,10 +196,7 @@ class CandidateReader:
 
 def _decode(raw: bytes | None) -> tuple[dict[str, Any], bool]:
     """Candidate data as a dict, and whether it could be read (empty data reads as {})."""
-    if not raw:
-        return {}, True
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+        return json_object(raw, empty_ok=True), True
+    except ValueError:
         return {}, False
-    return (data, True) if isinstance(data, dict) else ({}, False)

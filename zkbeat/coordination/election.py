@@ -28,6 +28,7 @@ from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, ZookeeperError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
+from .._decode import json_object
 from .candidates import PREFIX, CandidateNode, CandidateReader, parse_name
 
 __all__ = [
@@ -121,10 +122,9 @@ class Handover:
 def _election_data(raw: bytes | None) -> dict[str, Any]:
     """The election node's JSON {leader, leader_since, identity, left}; {} for anything else."""
     try:
-        data = json.loads((raw or b"").decode("utf-8") or "{}")
-    except (ValueError, UnicodeDecodeError):
+        return json_object(raw, empty_ok=True)
+    except ValueError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _handover(raw: bytes | None) -> Handover:
@@ -502,6 +502,14 @@ class LeaderElection:
             raw, _ = self.client.get(self.path)
         except (NoNodeError, NoAuthError):
             raw = b""  # unreadable: the takeover line will not name a predecessor, nothing else depends on it
+        try:
+            json_object(raw, empty_ok=True)
+        except ValueError as exc:  # a stranger's write: read as a fresh node, and overwritten by our announcement
+            logger.warning(
+                "zkbeat: the election node %s held data zkbeat cannot read (%s); no predecessor is named",
+                self.path,
+                exc,
+            )
         self._previous = (fence.candidate, raw or b"")
 
     def close(self, reason: str = "shut down") -> None:

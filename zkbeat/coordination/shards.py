@@ -52,7 +52,11 @@ fair share reads that listing with the lines: a replica marked there is
 handed no shard and counts for nobody's share, and, next in line of a
 shard with a ready replica behind it, it steps back in that line itself,
 so that a crash of that shard's leader moves the shard to a replica that
-can lead it.
+can lead it. Should it lead a shard all the same (that leader crashed
+before it stepped back), and its schedule not load at the first try, it
+steps aside at once if a ready replica stands behind it in that line
+(:func:`ready_successor`), instead of after ``zkbeat_stall_timeout``; with
+none ready behind it, it is the best there is and keeps trying.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -94,6 +99,7 @@ __all__ = [
     "list_unready",
     "Move",
     "rebalance",
+    "ready_successor",
     "FairShare",
     "REPLICA_KEY",
 ]
@@ -274,6 +280,21 @@ def _step_back_unready(lines: Mapping[int, Sequence[str]], me: str, cannot: set[
     return None
 
 
+def ready_successor(line: Sequence[str], me: str, cannot: Collection[str], *, listed: bool) -> str | None:
+    """The first replica behind ``me`` in ``line`` that can lead (none of ``cannot``), or None.
+
+    Asked by a replica marked unready that leads a shard whose schedule did
+    not load: it steps aside at once for that replica, never for nobody nor
+    for one marked too (two marked replicas would hand the shard back and
+    forth). Only while its own mark is ``listed`` as read: if the listing
+    holds no mark of its own (zkbeat may not write there), the others'
+    absence from it says nothing either.
+    """
+    if not listed or me not in line:
+        return None
+    return next((replica for replica in line[line.index(me) + 1 :] if replica not in cannot), None)
+
+
 class FairShare:
     """Reads the candidate lines of every shard (watched) and says when this replica should move.
 
@@ -294,8 +315,11 @@ class FairShare:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
         unready: str | None = None,
+        about: Mapping[str, Any] | None = None,
     ) -> None:
         self.me = me
+        #: Who this replica is (identity, host, pid), written into its mark: one out of every line is named by it.
+        self._about = dict(about or {})
         self.shards = len(paths)
         self._client = client
         self._readers = [CandidateReader(client, path, timeout=timeout) for path in paths]
@@ -409,7 +433,7 @@ class FairShare:
         path = f"{self._unready_path}/{self.me}"
         try:
             if self.unready_why is not None and not marked:
-                data = json.dumps({"why": self.unready_why, "since": time.time()}).encode()
+                data = json.dumps({**self._about, "why": self.unready_why, "since": time.time()}).encode()
                 try:
                     self._client.create(path, data, ephemeral=True, makepath=True)
                 except NodeExistsError:
@@ -464,8 +488,31 @@ class FairShare:
                 self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
         return move
 
+    def ready_successor(self, shard: int) -> str | None:
+        """While marked unready: who can lead behind this one in ``shard``'s line (:func:`ready_successor`).
+
+        Reads the lines again if a watch fired (raises the connection's
+        errors). The step aside it leads to counts as a handover to that
+        replica: should it step out of that line in turn (it cannot lead
+        either, and no mark of its own says so: an older release), this one
+        steps aside for it no more for FAILED_TARGET_TIME.
+        """
+        lines = self.lines()
+        if self.unready_why is None:
+            return None
+        now = self._clock()
+        cannot = self._unready_now() | self._failed_now(now)
+        successor = ready_successor(lines.get(shard, ()), self.me, cannot, listed=self.me in self._unready)
+        if successor is not None:
+            self._handed[shard] = (successor, now)
+        return successor
+
+    def _failed_now(self, now: float) -> set[str]:
+        """The replicas that lost a shard this one handed them, not handed another yet (FAILED_TARGET_TIME)."""
+        return {replica for replica, until in self._failed.items() if until > now}
+
     def _excluded(self, now: float) -> set[str]:
-        excluded = {replica for replica, until in self._failed.items() if until > now}
+        excluded = self._failed_now(now)
         if self.unready_why is not None:
             excluded |= {replica for replica, until in self._gave_way.items() if until > now}
         return excluded

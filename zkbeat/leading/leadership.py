@@ -311,8 +311,12 @@ class ShardLeadership:
         pass, each RETRY_DELAY; once ``zkbeat_stall_timeout`` has passed
         since the takeover it steps out of the line for LOAD_RECHECK, as a
         replica that refuses to lead does, so that one that can read its
-        schedule leads; then it joins again at the back. Said once per
-        episode (until a load succeeds), counted every time. Only a schedule
+        schedule leads; then it joins again at the back. A replica already
+        marked unready (zkbeat.coordination.shards: it failed so before) does
+        not wait for the timeout when a replica that can lead stands behind
+        it in this shard's line: it steps aside after its first try. Said
+        once per episode (until a load succeeds), counted every time
+        (``zkbeat_schedule_load_step_downs_total``). Only a schedule
         that never loaded since the takeover counts: a leader whose later
         reads fail keeps leading the schedule it last read, also in a term
         begun again under the same candidate (a connection blip).
@@ -332,25 +336,59 @@ class ShardLeadership:
         waited = time.monotonic() - since
         timeout = self.zk_settings.stall_timeout
         if waited < timeout:
-            return RETRY_DELAY
+            successor = self._ready_successor()
+            if successor is None:
+                return RETRY_DELAY
+            # Already marked unready (it failed before): a replica behind it that can lead goes first now.
+            self._log_step_aside(
+                logging.WARNING,
+                "zkbeat: stepping aside at once as leader%s (%s, epoch %s): marked unready (%s), its schedule has "
+                "not loaded, and replica %s behind it can lead; out of the election for %gs, then trying again",
+                self._shard.label,
+                self.zk_settings.identity,
+                epoch,
+                self._fair_share.unready_why,
+                successor,
+                LOAD_RECHECK,
+            )
+        else:
+            self._log_step_aside(
+                logging.ERROR,
+                "zkbeat: stepping aside (%s, epoch %s): the schedule has not loaded in %gs as leader "
+                "(zkbeat_stall_timeout); out of the election for %gs so that a replica that can load it leads, "
+                "then trying again",
+                self.zk_settings.identity,
+                epoch,
+                timeout,
+                LOAD_RECHECK,
+            )
+            if self._fair_share is not None:  # no replica hands it another shard until its schedule can be read
+                self._fair_share.mark_unready(f"its schedule did not load in {timeout:g}s as leader")
         self.metrics.schedule_load_step_down()
-        logger.log(
-            logging.DEBUG if self._unloaded_said else logging.ERROR,
-            "zkbeat: stepping aside (%s, epoch %s): the schedule has not loaded in %gs as leader "
-            "(zkbeat_stall_timeout); out of the election for %gs so that a replica that can load it leads, "
-            "then trying again",
-            self.zk_settings.identity,
-            epoch,
-            timeout,
-            LOAD_RECHECK,
-        )
-        self._unloaded_said = True
-        if self._fair_share is not None:  # no replica hands it another shard until its schedule can be read
-            self._fair_share.mark_unready(f"its schedule did not load in {timeout:g}s as leader")
         self._end_term("its schedule did not load")
         self._refused_until = time.monotonic() + LOAD_RECHECK
         election.step_down(hold=True, reason="its schedule did not load", failed=True)
         return 0
+
+    def _ready_successor(self) -> str | None:
+        """While marked unready: the replica behind this one in the current shard's line that can lead, if any.
+
+        Not marked, or the lines unreadable now: None, and the replica keeps
+        trying its schedule as any leader whose schedule has not loaded.
+        """
+        fair_share = self._fair_share
+        if fair_share is None or fair_share.unready_why is None:
+            return None
+        try:
+            return fair_share.ready_successor(self._shard.index)
+        except ZOOKEEPER_ERRORS as exc:
+            logger.debug("zkbeat: could not read the shards' lines: %r", exc)
+            return None
+
+    def _log_step_aside(self, level: int, message: str, *args: object) -> None:
+        """Say a step aside for a schedule that did not load: at ``level`` once per episode, then at DEBUG."""
+        logger.log(logging.DEBUG if self._unloaded_said else level, message, *args)
+        self._unloaded_said = True
 
     def _begin_term(self, fence: Fence) -> None:
         assert self.ledger is not None

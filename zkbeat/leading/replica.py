@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
 from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path, unready_path
 from ..ledger.store import Ledger
 from .broker import probe as probe_broker
+from .term import SIGNAL_HOLD_LIMIT
 from .wakeup import Wakeup
 from .watchdog import Watchdog
 
@@ -40,6 +42,9 @@ logger = logging.getLogger("zkbeat.scheduler")
 
 class Replica:
     """Join every shard's election, and leave them: see the module docstring."""
+
+    #: Monotonic time close() began to leave (under its hold of shutdown signals), None before.
+    _leaving_since: float | None = None
 
     def _warn_unknown_settings(self) -> None:
         """Name each ``zkbeat_*`` key zkbeat does not read, with the closest one it does: a typo is never silent."""
@@ -105,6 +110,7 @@ class Replica:
                 timeout=settings.session_timeout,
                 on_change=self._wake.set,  # a sleeping replica wakes when the lines change (its share may move)
                 unready=unready_path(settings.root),
+                about={key: data[key] for key in ("identity", "host", "pid")},  # its mark names it out of line too
             )
         logger.info("zkbeat: joining the election at %s%s as %s", settings.hosts, settings.root, settings.identity)
         # start_async: an unreachable ZooKeeper is retried in the background;
@@ -188,6 +194,7 @@ class Replica:
         (zkbeat.contrib.django): nothing the host writes delays the
         successor then. Neither error stops the shutdown: the ledger holds the runs.
         """
+        self._leaving_since = time.monotonic()
         late = None
         if self.leading or (self.sharded and any(shard.term is not None for shard in self._shards)):
             try:
@@ -202,6 +209,16 @@ class Replica:
                 late()
             except Exception:  # noqa: BLE001 - as above; the successor leads already
                 logger.warning("zkbeat: could not sync the schedule after handing over", exc_info=True)
+
+    def shutdown_hold_left(self) -> float | None:
+        """Seconds left of close()'s hold of shutdown signals (SIGNAL_HOLD_LIMIT), None before close().
+
+        A write the host deferred past the handover bounds itself by it: past
+        the hold a second signal cuts it anyway, and without one nothing would.
+        """
+        if self._leaving_since is None:
+            return None
+        return SIGNAL_HOLD_LIMIT - (time.monotonic() - self._leaving_since)
 
     def _shut_down(self) -> None:
         for shard in self._shards:

@@ -63,6 +63,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NoAuthError, NodeE
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import WatchedEvent
 
+from .._decode import json_object
 from ..coordination.candidates import CandidateReader
 from ..coordination.layout import LAYOUT, LAYOUT_DIR, MARKER_DIR
 from ..exceptions import ZkBeatError
@@ -357,10 +358,9 @@ def wait_published(client: KazooClient, root: str, request: str, timeout: float)
 
 def _decoded(raw: bytes | None) -> dict[str, Any]:
     try:
-        data = json.loads((raw or b"").decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+        return json_object(raw, empty_ok=True)
+    except ValueError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def request_outcome(client: KazooClient, root: str, request: str, entry: str) -> dict[str, Any]:
@@ -473,9 +473,7 @@ class TriggerRequest:
 
 
 def _parse_request(name: str, path: str, raw: bytes, version: int = -1) -> TriggerRequest:
-    data = json.loads(raw.decode("utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
+    data = json_object(raw)
     entry, by, at = data.get("entry"), data.get("by", "?"), data.get("at")
     if not isinstance(entry, str) or not entry:
         raise ValueError(f"no entry name ({entry!r})")
@@ -614,7 +612,7 @@ class TriggerInbox:
                 if not child.startswith(_REQUEST_PREFIX):
                     raise ValueError("not a zkbeat request name")
                 found.append(_parse_request(child, path, raw, stat.version))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except ValueError as exc:
                 self.discard(path, f"it holds data zkbeat cannot read ({exc})")
         present = {f"{self.path}/{child}" for child in children}
         self.held = {path: why for path, why in self.held.items() if path in present}

@@ -48,6 +48,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from .._decode import json_object
 from ..coordination._multiread import read_many
 from ..coordination.layout import LAYOUT_DIR
 from ..exceptions import ClaimConflictError, ClaimRefusedError, FencedError
@@ -200,20 +201,21 @@ def _decode_pause(value: Any) -> Pause | None:
     return Pause(by="?", at=None, note="unreadable pause record")
 
 
-def decode_state(raw: bytes) -> EntryState:
+def decode_state(raw: bytes | None) -> EntryState:
     """Parse a ledger znode; ValueError for anything zkbeat did not write."""
     state = _decode_written(raw)
     return state if state is not None else _decode_any(raw)
 
 
 #: json.loads without its checks around the value (a leading BOM or blank, trailing data): the
-#: same scanner, with the same settings; data with any of those takes the general path.
+#: same scanner, with the same settings; data with any of those, or that json_object refuses,
+#: takes the general path.
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())
 _from_iso = datetime.fromisoformat
 _UTC = timezone.utc
 
 
-def _decode_written(raw: bytes) -> EntryState | None:
+def _decode_written(raw: bytes | None) -> EntryState | None:
     """The state of a znode as encode_state writes it, or None for anything else.
 
     A leader taking over decodes every entry's znode: this path costs about
@@ -221,10 +223,12 @@ def _decode_written(raw: bytes) -> EntryState | None:
     would read the same way (times in UTC, counts and epochs of the right
     types) and gives up before anything that logs, so that path decides the rest.
     """
+    if not raw:
+        return None
     try:
         text = raw.decode("utf-8")
         data, end = _scan_json(text, 0)
-    except (StopIteration, ValueError):
+    except (StopIteration, ValueError, RecursionError):
         return None
     if end != len(text) or type(data) is not dict:
         return None
@@ -261,11 +265,9 @@ def _decode_written(raw: bytes) -> EntryState | None:
     )
 
 
-def _decode_any(raw: bytes) -> EntryState:
+def _decode_any(raw: bytes | None) -> EntryState:
     """Any ledger znode: older layouts, other zones' times, odd fields; ValueError for what zkbeat did not write."""
-    data = json.loads(raw.decode("utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
+    data = json_object(raw)
     count = data.get("total_run_count", 0)
     epoch = data.get("epoch")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:

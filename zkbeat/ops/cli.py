@@ -32,6 +32,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, Zookeeper
 from kazoo.handlers.threading import KazooTimeoutError
 
 from .. import __version__
+from .._decode import json_object
 from ..conf import Settings, parse_hosts, parse_root, read_settings
 from ..coordination import shards as _shards
 from ..coordination._zookeeper import apply_acl, make_client, owner_acl
@@ -42,7 +43,7 @@ from ..ledger import controls
 from ..ledger.history import cut_identity, shown
 from ..ledger.store import LedgerRecord
 from . import status as _status
-from .status import ClusterStatus, NotAZkbeatRoot, read_election, read_entry, read_status
+from .status import ClusterStatus, NotAZkbeatRoot, UnreadyMark, read_election, read_entry, read_status
 
 __all__ = ["main", "celery_command"]
 
@@ -256,9 +257,12 @@ def _ago(iso: str | None) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     seconds = (datetime.now(timezone.utc) - moment).total_seconds()
-    # To the nearest second: a crontab due at 18:39:00 computed as 18:38:59.9999 reads 18:39:00.
-    shown = (moment + timedelta(microseconds=500_000)).replace(microsecond=0)
-    stamp = shown.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        # To the nearest second: a crontab due at 18:39:00 computed as 18:38:59.9999 reads 18:39:00.
+        shown = (moment + timedelta(microseconds=500_000)).replace(microsecond=0)
+        stamp = shown.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    except OverflowError:  # the calendar's last half second (a stranger's time): shown as written
+        return iso
     if seconds >= 0:
         return f"{stamp} ({_span(seconds)} ago)"
     return f"{stamp} (in {_span(-seconds)})"
@@ -285,6 +289,13 @@ def _table(rows: list[list[str]]) -> list[str]:
     rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def _unready_line(mark: UnreadyMark) -> str:
+    """One replica's unready mark: who, why and since when; also of one in no line (it stepped aside a while)."""
+    where = "" if mark.in_line else ", in no line"
+    who = f"{mark.identity or f'replica {mark.replica}'} (pid {mark.pid or '?'}{where})"
+    return f"not ready to lead: {who}: {mark.why}, since {_ago(mark.since)}; handed no shard"
 
 
 def _render(found: ClusterStatus, show_all: bool, target: Target) -> str:
@@ -316,11 +327,7 @@ def _render(found: ClusterStatus, show_all: bool, target: Target) -> str:
         rows.append([str(place), epoch, identity, c.host or "-", str(c.pid or "-"), _ago(c.started_at), version])
     lines.append(f"{'replicas' if found.sharded else 'candidates'} ({len(found.candidates)}):")
     lines.extend(_table(rows) if found.candidates else ["  none"])
-    lines.extend(
-        _printable(f"not ready to lead: {c.identity or '?'} (pid {c.pid or '?'}): {c.unready}; handed no shard")
-        for c in found.candidates
-        if c.unready is not None
-    )
+    lines.extend(_printable(_unready_line(mark)) for mark in found.unready)
     entries = sorted(found.entries, key=lambda e: (e.next_due is None, e.next_due or "", e.name))
     shown = entries if show_all else entries[:ENTRY_LIMIT]
     lines.append(f"entries ({len(entries)}):")
@@ -569,11 +576,11 @@ def _check_local(target: Target) -> None:
     url = f"http://127.0.0.1:{port}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=target.timeout) as answer:  # noqa: S310 - loopback only
-            json.loads(answer.read())
+            json_object(answer.read())
     except urllib.error.HTTPError as exc:
         try:
-            body = json.loads(exc.read())
-        except ValueError:
+            body = json_object(exc.read())
+        except ValueError:  # whatever else answers on that port
             body = {}
         _fail(1, f"this replica is not connected to ZooKeeper ({body.get('zookeeper', exc.code)})")
     except (OSError, ValueError) as exc:

@@ -57,7 +57,10 @@ class Metrics:
             self._prom["is_leader"].set(1 if is_leader else 0)
 
     def schedule_load_step_down(self) -> None:
-        """This replica stepped aside: its schedule had not loaded within the stall timeout of taking over."""
+        """This replica stepped aside: its schedule had not loaded within the stall timeout of taking over.
+
+        Or, already marked unready, at its first try, with a replica that can lead behind it in that line.
+        """
         if self._prom:
             self._prom["schedule_load_step_downs"].inc()
 
@@ -245,7 +248,8 @@ def _prometheus_metrics(settings: Settings) -> dict[str, Any]:
         "schedule_load_step_downs": counter(
             "zkbeat_schedule_load_step_downs",
             "Times this replica stepped out of the election because its schedule had not loaded within "
-            "zkbeat_stall_timeout of taking over (a DatabaseScheduler that cannot read its database)",
+            "zkbeat_stall_timeout of taking over (a DatabaseScheduler that cannot read its database), or at its "
+            "first try when it was marked unready and a replica that can lead stood behind it",
         ),
         "state": gauge("zkbeat_zookeeper_state", "1 for the current ZooKeeper connection state", ("state",)),
         "ledger_load": gauge("zkbeat_ledger_load_seconds", "Time the last ledger load on takeover took"),

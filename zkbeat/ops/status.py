@@ -6,15 +6,16 @@ in the election.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 
+from .._decode import json_object
 from ..coordination import shards as _shards
 from ..coordination.candidates import CandidateReader
 from ..coordination.layout import LAYOUT_DIR
@@ -34,6 +35,9 @@ __all__ = [
     "read_entry",
     "read_shards",
     "read_unready",
+    "read_marks",
+    "UnreadyMark",
+    "place_marks",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,6 +66,22 @@ class Candidate:
     #: With ``zkbeat_shards`` > 1: its replica id, and why it cannot lead now if it said so (``<root>/v1/unready``).
     replica: str | None = None
     unready: str | None = None
+
+
+@dataclass
+class UnreadyMark:
+    """A replica's mark under ``<root>/v1/unready``: it said it cannot lead now (zkbeat.coordination.shards)."""
+
+    replica: str
+    why: str
+    #: When it marked itself (ISO 8601, UTC); None if the mark does not say.
+    since: str | None = None
+    #: Who it is, as its mark says, or (a mark of an earlier release) its candidate in a line.
+    identity: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    #: Whether it is in any shard's line; out of every line for a while after it stepped aside.
+    in_line: bool = False
 
 
 @dataclass
@@ -126,6 +146,8 @@ class ClusterStatus:
     #: With ``zkbeat_shards`` > 1: each shard's election (``candidates`` then lists
     #: each replica once, in shard 0's order, and no one of them is "the" leader).
     shards: list[ShardStatus] = field(default_factory=list)
+    #: Every replica marked unready (``<root>/v1/unready``), in a line or not, oldest mark first.
+    unready: list[UnreadyMark] = field(default_factory=list)
 
     @property
     def head(self) -> Candidate | None:
@@ -175,10 +197,12 @@ def read_status(
             # Asked without the app's settings (--hosts/--root), or with zkbeat_shards unset:
             # replicas that run with shards are found where they are.
             shards = _shards_in_use(client, base) or 1
-    if shards > 1:
-        status.shards = read_shards(client, root, shards)
+    if shards > 1:  # with one shard no replica marks itself: what is there is someone else's
+        marks = read_marks(client, root)
+        status.shards = read_shards(client, root, shards, marks)
         status.candidates = _replicas(status.shards)
         status.strangers = [stranger for shard in status.shards for stranger in shard.strangers]
+        status.unready = _placed(marks, status.candidates)
     status.pending = pending_requests(client, root)
     records = Ledger(client, root).load()
     now = datetime.now(timezone.utc)
@@ -266,10 +290,9 @@ def _announcement(client: KazooClient, path: str) -> dict[str, Any]:
     """
     try:
         raw, _ = client.get(path)
-        data = json.loads(raw.decode("utf-8") or "{}")
+        return json_object(raw, empty_ok=True)
     except (NoNodeError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _next_due(entry: Any, last_run_at: datetime | None, now: datetime) -> str | None:
@@ -286,24 +309,37 @@ def _next_due(entry: Any, last_run_at: datetime | None, now: datetime) -> str | 
         return None
 
 
-def read_shards(client: KazooClient, root: str, shards: int) -> list[ShardStatus]:
-    """Each shard's election: its line, strangers and announced leader (zkbeat.coordination.shards)."""
+def read_shards(
+    client: KazooClient, root: str, shards: int, marks: dict[str, UnreadyMark] | None = None
+) -> list[ShardStatus]:
+    """Each shard's election: its line, strangers and announced leader (zkbeat.coordination.shards).
+
+    ``marks`` are the unready marks (:func:`read_marks`), read here if not given.
+    """
     found = []
-    unready = read_unready(client, root)
+    unready = read_marks(client, root) if marks is None else marks
     for shard in range(shards):
         path = _shards.election_path(root.rstrip("/"), shard, shards)
         candidates, strangers = read_election(client, path)
         for candidate in candidates:
-            candidate.unready = unready.get(candidate.replica or "")
+            mark = unready.get(candidate.replica or "")
+            candidate.unready = mark.why if mark is not None else None
         found.append(ShardStatus(shard, shards, path, candidates, strangers))
     return found
 
 
 def read_unready(client: KazooClient, root: str, watch: Any = None) -> dict[str, str]:
-    """Replica id -> why, for each replica that said it cannot lead now (zkbeat.coordination.shards.unready_path).
+    """Replica id -> why, for each replica that said it cannot lead now (:func:`read_marks`, reasons only)."""
+    return {replica: mark.why for replica, mark in read_marks(client, root, watch).items()}
 
-    What is unreadable or malformed there says "unknown": the mark itself is what counts. ``watch`` is set on
-    the listing (or on its creation, while there is none).
+
+def read_marks(client: KazooClient, root: str, watch: Any = None) -> dict[str, UnreadyMark]:
+    """Replica id -> its mark, for each replica that said it cannot lead now (zkbeat.coordination.shards.unready_path).
+
+    Every mark, in a line or not (``in_line`` is left False: :func:`read_status` places them). A child not
+    named like a replica id is a stranger's, left out. What is unreadable or malformed in a mark says
+    "unknown" (its reason) or None: the mark itself is what counts. ``watch`` is set on the listing (or on
+    its creation, while there is none).
     """
     path = _shards.unready_path(root.rstrip("/"))
     try:
@@ -315,13 +351,66 @@ def read_unready(client: KazooClient, root: str, watch: Any = None) -> dict[str,
     for replica, request in requests:
         try:
             raw, _ = request.get()
-            why = json.loads(raw.decode("utf-8")).get("why")
         except (NoNodeError, NoAuthError):
             continue
-        except (ValueError, AttributeError):
-            why = None
-        found[replica] = why if isinstance(why, str) else "unknown"
+        found[replica] = _mark(replica, _mark_data(raw))
     return found
+
+
+def _mark_data(raw: bytes | None) -> dict[str, Any]:
+    """A mark's JSON object, or {} for anything else a stranger may leave there.
+
+    No data at all (None: zkCli's ``create <path>``, a Java client's null),
+    not UTF-8, not JSON, JSON nested past the recursion limit, not an object:
+    each reads as a mark that says nothing, never as an error of the report.
+    """
+    try:
+        return json_object(raw, empty_ok=True)
+    except ValueError:
+        return {}
+
+
+def _mark(replica: str, data: dict[str, Any]) -> UnreadyMark:
+    """A mark's JSON ({why, since, identity, host, pid}; earlier releases wrote why and since), read leniently."""
+    why, since, pid = data.get("why"), data.get("since"), data.get("pid")
+    stamp = None
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        try:
+            stamp = datetime.fromtimestamp(since, timezone.utc).isoformat()
+        except (OverflowError, OSError, ValueError):
+            stamp = None
+    identity, host = data.get("identity"), data.get("host")
+    return UnreadyMark(
+        replica=replica,
+        why=why if isinstance(why, str) else "unknown",
+        since=stamp,
+        identity=identity if isinstance(identity, str) else None,
+        host=host if isinstance(host, str) else None,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+    )
+
+
+def _placed(marks: dict[str, UnreadyMark], candidates: list[Candidate]) -> list[UnreadyMark]:
+    """:func:`place_marks` with the replicas of ``candidates`` in line."""
+    return place_marks(marks, {c.replica: (c.identity, c.host, c.pid) for c in candidates if c.replica is not None})
+
+
+def place_marks(
+    marks: Mapping[str, UnreadyMark], in_line: Mapping[str, tuple[str | None, str | None, int | None]]
+) -> list[UnreadyMark]:
+    """The marks, oldest first, each said to be in a line or not (copies: ``marks`` may be someone's cache).
+
+    ``in_line`` maps each replica id in some shard's line to its (identity, host, pid): who a replica is
+    when its mark does not say (an earlier release's mark).
+    """
+    placed = []
+    for mark in marks.values():
+        who = in_line.get(mark.replica)
+        mark = replace(mark, in_line=who is not None)
+        if who is not None and mark.identity is None:
+            mark.identity, mark.host, mark.pid = who
+        placed.append(mark)
+    return sorted(placed, key=lambda m: (m.since is None, m.since or "", m.replica))
 
 
 def _shards_in_use(client: KazooClient, base: str) -> int | None:

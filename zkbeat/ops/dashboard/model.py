@@ -31,11 +31,11 @@ Each entry carries ``recent_runs``, its last runs newest first as the ledger kee
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections import deque
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -43,6 +43,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError, UnimplementedError, ZookeeperError
 from kazoo.protocol.states import KazooState, WatchedEvent
 
+from ..._decode import json_object
 from ...conf import Settings
 from ...coordination._multiread import read_many
 from ...coordination.candidates import CandidateReader, Line
@@ -52,7 +53,7 @@ from ...coordination.peers import layout_of
 from ...coordination.shards import REPLICA_KEY, election_path, entry_shard
 from ...ledger import history
 from ...ledger.store import EntryState, decode_answer, decode_name, encode_name
-from ..status import read_unready
+from ..status import UnreadyMark, place_marks, read_marks
 from . import describe
 
 __all__ = ["ClusterModel", "OBSERVED_LEADERS"]
@@ -135,8 +136,8 @@ class ClusterModel:
             CandidateReader(client, path, timeout=settings.session_timeout) for path in self.election_paths[1:]
         ]
         self._shard_lines: list[tuple[Line, dict[str, Any]]] = [(Line(), {}) for _ in self._shard_readers]
-        #: Replica id -> why, of the replicas that said they cannot lead now (zkbeat_shards > 1).
-        self._unready: dict[str, str] = {}
+        #: Replica id -> mark, of the replicas that said they cannot lead now (zkbeat_shards > 1).
+        self._unready: dict[str, UnreadyMark] = {}
         self._election_stat: Any = None
         self._root_children: list[str] = []
         self._leaders: deque[dict[str, Any]] = deque(maxlen=OBSERVED_LEADERS)
@@ -295,11 +296,7 @@ class ClusterModel:
                 self._note("election")
             self._line, self._announced, self._election_stat = Line(), {}, None
             return
-        try:
-            data = json.loads(raw.decode("utf-8") or "{}")
-        except (ValueError, UnicodeDecodeError):
-            data = {}
-        self._announced = data if isinstance(data, dict) else {}
+        self._announced = _announcement(raw)
         self._election_stat = stat
         self._line = self._reader.read(watch=self._on_election)
         self._note_owners(0, self._line)
@@ -308,7 +305,7 @@ class ClusterModel:
             self._shard_lines[index - 1] = self._read_shard(reader)
             self._note_owners(index, self._shard_lines[index - 1][0])
         if self._shard_readers:
-            self._unready = read_unready(self.client, self.root, watch=self._on_election)
+            self._unready = read_marks(self.client, self.root, watch=self._on_election)
 
     def _note_owners(self, shard: int, line: Line) -> None:
         """Remember who each candidate of ``shard``'s line is, for the epochs the ledger names later."""
@@ -324,11 +321,7 @@ class ClusterModel:
             if self.client.exists(reader.path, watch=self._on_election) is not None:
                 self._note("election")
             return Line(), {}
-        try:
-            data = json.loads(raw.decode("utf-8") or "{}")
-        except (ValueError, UnicodeDecodeError):
-            data = {}
-        return reader.read(watch=self._on_election), data if isinstance(data, dict) else {}
+        return reader.read(watch=self._on_election), _announcement(raw)
 
     def _observe_leader(self) -> None:
         """Remember each new head of the line, with when it said it leads."""
@@ -483,14 +476,14 @@ class ClusterModel:
         for child, request in requests:
             try:
                 raw, _ = request.get(timeout=self.settings.session_timeout)
-                data = json.loads(raw.decode("utf-8"))
+                data = json_object(raw)
             except NoNodeError:
                 continue  # consumed between the listing and the read
             except NoAuthError:
                 continue  # someone else's, which no leader runs either (it logs it)
-            except (ValueError, UnicodeDecodeError):
+            except ValueError:
                 continue  # the leader logs and removes it: it never runs
-            if isinstance(data, dict) and isinstance(data.get("entry"), str):
+            if isinstance(data.get("entry"), str):
                 pending.setdefault(data["entry"], []).append(
                     {"request": child, "by": str(data.get("by", "?")), "at": str(data.get("at", ""))}
                 )
@@ -611,7 +604,7 @@ class ClusterModel:
             "leader_since": str(announced["leader_since"]) if leads else text("leader_since"),
             "readable": node.readable,
             # Why it cannot lead now, if it said so (zkbeat.coordination.shards: handed no shard meanwhile).
-            "unready": self._unready.get(str(data.get(REPLICA_KEY))),
+            "unready": mark.why if (mark := self._unready.get(str(data.get(REPLICA_KEY)))) is not None else None,
         }
 
     def _shard_views(self) -> list[dict[str, Any]]:
@@ -688,7 +681,26 @@ class ClusterModel:
                 "marker": MARKER_DIR in self._root_children,
                 "newer": [f"v{n}" for n in layouts if n > LAYOUT],
             },
+            # Every replica marked unready, in a line or not (out of every line a while after it stepped aside).
+            "unready": [asdict(mark) for mark in place_marks(self._unready, self._in_line())],
         }
+
+    def _in_line(self) -> dict[str, tuple[str | None, str | None, int | None]]:
+        """Replica id -> (identity, host, pid), of each replica in some shard's line."""
+        found: dict[str, tuple[str | None, str | None, int | None]] = {}
+        for line in [self._line, *(line for line, _ in self._shard_lines)]:
+            for node in line.candidates:
+                data, pid = node.data, node.data.get("pid")
+                identity, host = data.get("identity"), data.get("host")
+                found.setdefault(
+                    str(data.get(REPLICA_KEY)),
+                    (
+                        str(identity) if identity is not None else None,
+                        str(host) if host is not None else None,
+                        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                    ),
+                )
+        return found
 
     # -- for the server ----------------------------------------------------------
 
@@ -735,3 +747,11 @@ class ClusterModel:
             while self.seq == 0 and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, deadline - time.monotonic()))
             return self.seq > 0
+
+
+def _announcement(raw: bytes | None) -> dict[str, Any]:
+    """An election node's JSON (who leads, since when); {} for anything a stranger may have left there."""
+    try:
+        return json_object(raw, empty_ok=True)
+    except ValueError:
+        return {}

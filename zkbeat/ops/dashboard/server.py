@@ -42,6 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from kazoo.exceptions import KazooException, NoAuthError, ZookeeperError
 
+from ..._decode import json_object
 from ...ledger import controls
 from .model import ClusterModel
 
@@ -276,13 +277,10 @@ class _Handler(BaseHTTPRequestHandler):
         kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         try:
             if kind == "application/json":
-                data = json.loads(body.decode("utf-8") or "{}")
-                if not isinstance(data, dict):
-                    raise ValueError("not a JSON object")
-                return data
+                return json_object(body, empty_ok=True)
             if kind == "application/x-www-form-urlencoded":
                 return {k: v[0] for k, v in parse_qs(body.decode("utf-8"), keep_blank_values=True).items()}
-        except (ValueError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # UnicodeDecodeError too
             self._json(400, {"error": f"cannot read the request body ({exc})"})
             return None
         self._json(415, {"error": "send application/json or a form"})

@@ -146,6 +146,16 @@
       }
       body.appendChild(tr);
     }
+    // A replica marked unready that is in no line (it stepped aside a while): in the table all the same.
+    for (const mark of sharded ? (c.unready || []).filter((m) => !m.in_line) : []) {
+      const tr = el("tr", null, "unready out-of-line");
+      const note = "not ready to lead: " + mark.why + "; in no line; since " + when(mark.since);
+      for (const value of [null, note, mark.identity || "replica " + mark.replica, mark.host, mark.pid, null, null,
+        null, null, null]) {
+        tr.appendChild(el("td", value === null || value === undefined ? "–" : value));
+      }
+      body.appendChild(tr);
+    }
     const strangers = $("strangers");
     const ignored = shards.flatMap((s) => s.strangers || []);
     strangers.hidden = !ignored.length;

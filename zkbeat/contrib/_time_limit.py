@@ -1,0 +1,131 @@
+"""Bounding a database write in time (PostgreSQL): the write of run times at exit, which holds the exit.
+
+Two bounds, because a hung statement has two causes. One the server knows
+of (a lock it waits for, a plan that never ends): each transaction gets
+the time left as its ``statement_timeout`` and ``lock_timeout``, local to
+it (``SET LOCAL``: the connection's own settings are untouched). One it
+does not (the server or the network stopped answering, so its timeouts
+never fire): the connection's socket is shut down CUT_OFF_GRACE past the
+deadline, and the driver, blocked on it, gets end-of-file at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+from django.db import DatabaseError, Error
+from django.db.transaction import TransactionManagementError, atomic
+
+__all__ = ["TIMED_OUT", "OutOfTime", "cut_off", "timed_out", "transaction_until"]
+
+#: SQLSTATEs of a statement PostgreSQL ended at a time limit: query_canceled (statement_timeout), lock_not_available.
+TIMED_OUT = {"57014", "55P03"}
+#: Seconds past the deadline that a statement may stay unanswered before its connection is cut (server silent).
+CUT_OFF_GRACE = 1.0
+
+
+class OutOfTime(DatabaseError):
+    """The write outlived its time: its connection was cut, or no time was left for its next chunk."""
+
+
+class _CutOff:
+    """Shuts the connection's socket down at ``at`` (monotonic) unless closed first.
+
+    A server that stopped answering (a dead host, a network that drops
+    packets) never ends a statement by its own timeouts; the driver, blocked
+    on the socket, then gets end-of-file at once and raises.
+    """
+
+    def __init__(self, raw_connection, at: float) -> None:
+        self._socket = socket.socket(fileno=os.dup(raw_connection.fileno()))  # its own descriptor: never reused
+        self._lock = threading.Lock()
+        self._closed = False
+        self.fired = False
+        self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.fired = True
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._timer.cancel()
+        self._socket.close()
+
+
+@contextlib.contextmanager
+def cut_off(connection, deadline: float | None) -> Iterator[None]:
+    """Within the block, cut the connection CUT_OFF_GRACE after ``deadline`` (None: never)."""
+    if deadline is None:
+        yield
+        return
+    connection.ensure_connection()
+    cut = _CutOff(connection.connection, deadline + CUT_OFF_GRACE)
+    try:
+        yield
+    except Error as exc:
+        if cut.fired:
+            raise OutOfTime(f"no answer {CUT_OFF_GRACE:g} s past the time limit: the connection was cut") from exc
+        raise
+    finally:
+        cut.close()
+
+
+@contextlib.contextmanager
+def transaction_until(connection, cursor, deadline: float | None) -> Iterator[None]:
+    """One chunk's transaction; with a ``deadline``, limited to the time left (PostgreSQL).
+
+    That one is begun and ended by hand: Django's ``atomic`` would open the
+    connection again after a rollback that failed on a cut one, and the new
+    connection would wait for a silent server as long as the old one did.
+    """
+    if deadline is None:
+        with atomic(using=connection.alias):
+            yield
+        return
+    if connection.in_atomic_block:
+        raise TransactionManagementError("a write of run times with a timeout runs in transactions of its own")
+    cursor.execute("BEGIN")
+    try:
+        _limit(cursor, deadline)
+        yield
+        cursor.execute("COMMIT")
+    except BaseException:
+        try:
+            cursor.execute("ROLLBACK")
+        except Error:
+            connection.close()  # cut, or broken: closed, and opened again only by the next caller
+        raise
+
+
+def _limit(cursor, deadline: float) -> None:
+    """PostgreSQL: the time left until ``deadline`` as this transaction's statement and lock timeouts."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise OutOfTime("no time left for the next chunk")
+    milliseconds = str(max(1, int(left * 1000)))
+    # set_config(..., true) is SET LOCAL, with parameters (SET takes none when the driver binds on the server).
+    cursor.execute(
+        "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+        [milliseconds, milliseconds],
+    )
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django error, or its driver's) says the write ran out of its time."""
+    if isinstance(exc, OutOfTime):
+        return True
+    cause = exc.__cause__ or exc
+    return (getattr(cause, "pgcode", None) or getattr(cause, "sqlstate", None)) in TIMED_OUT
