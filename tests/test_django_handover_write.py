@@ -288,8 +288,10 @@ class TableLocked:
 class ServerSilent:
     """The write's connection goes through a proxy that black-holes it: nothing is answered, nothing closed."""
 
+    connected = True
+
     def __init__(self) -> None:
-        self._through = database_through_proxy()
+        self._through = database_through_proxy(connected=self.connected)
         self._proxy = None
 
     def hang(self) -> None:
@@ -309,7 +311,18 @@ class ServerSilent:
             self._through.__exit__(None, None, None)
 
 
-@pytest.mark.parametrize("hung", [TableLocked, ServerSilent], ids=["table-locked", "server-silent"])
+class ServerSilentFromTheStart(ServerSilent):
+    """The server stops answering before the write opens its connection (CONN_MAX_AGE 0, Django's default, closes
+    the last one at close_old_connections()): the write's connection is opened to a server that never answers."""
+
+    connected = False
+
+
+@pytest.mark.parametrize(
+    "hung",
+    [TableLocked, ServerSilent, ServerSilentFromTheStart],
+    ids=["table-locked", "server-silent", "server-silent-at-connect"],
+)
 def test_a_late_write_the_database_never_finishes_is_cut_short_and_its_rows_keep_their_runs(
     make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog, hung
 ) -> None:
