@@ -6,12 +6,16 @@ the time left as its ``statement_timeout`` and ``lock_timeout``, local to
 it (``SET LOCAL``: the connection's own settings are untouched). One it
 does not (the server or the network stopped answering, so its timeouts
 never fire): the connection's socket is shut down CUT_OFF_GRACE past the
-deadline, and the driver, blocked on it, gets end-of-file at once.
+deadline, and the driver, blocked on it, gets end-of-file at once. A
+connection the write must open first (Django's default CONN_MAX_AGE of 0
+closes the last one) has no socket to cut yet: it is opened with libpq's
+``connect_timeout`` set to the time left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import threading
@@ -27,6 +31,8 @@ __all__ = ["TIMED_OUT", "OutOfTime", "cut_off", "timed_out", "transaction_until"
 TIMED_OUT = {"57014", "55P03"}
 #: Seconds past the deadline that a statement may stay unanswered before its connection is cut (server silent).
 CUT_OFF_GRACE = 1.0
+#: libpq's shortest ``connect_timeout``: it takes whole seconds and reads 1 as 2.
+SHORTEST_CONNECT_TIMEOUT = 2
 
 
 class OutOfTime(DatabaseError):
@@ -71,7 +77,7 @@ def cut_off(connection, deadline: float | None) -> Iterator[None]:
     if deadline is None:
         yield
         return
-    connection.ensure_connection()
+    _connect_until(connection, deadline)
     cut = _CutOff(connection.connection, deadline + CUT_OFF_GRACE)
     try:
         yield
@@ -81,6 +87,40 @@ def cut_off(connection, deadline: float | None) -> Iterator[None]:
         raise
     finally:
         cut.close()
+
+
+def _connect_until(connection, deadline: float) -> None:
+    """Open the connection unless it is open, waiting for the server about as long as is left until ``deadline``.
+
+    Django opens it without a ``connect_timeout`` (unless the database's
+    ``OPTIONS`` give one): a server that accepts the connection and never
+    answers, or a dead host, would hold the exit for as long as TCP tries.
+    """
+    if connection.connection is not None:
+        return
+    seconds = max(SHORTEST_CONNECT_TIMEOUT, math.ceil(deadline - time.monotonic()))
+    own_params = connection.get_connection_params
+
+    def bounded_params() -> dict:
+        params = own_params()
+        try:
+            given = int(params.get("connect_timeout") or 0)
+        except (TypeError, ValueError):
+            given = 0
+        params["connect_timeout"] = min(given, seconds) if given > 0 else seconds
+        return params
+
+    started = time.monotonic()
+    connection.get_connection_params = bounded_params  # this wrapper only: it belongs to this thread
+    try:
+        connection.ensure_connection()
+    except Error as exc:
+        # libpq counts its timeout in whole seconds of the wall clock: up to one early.
+        if time.monotonic() - started >= seconds - 1:
+            raise OutOfTime(f"no connection within {seconds} s") from exc
+        raise
+    finally:
+        del connection.get_connection_params
 
 
 @contextlib.contextmanager
