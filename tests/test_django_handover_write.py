@@ -375,3 +375,29 @@ def test_with_no_time_left_of_the_signal_hold_the_late_write_is_not_tried(
         (logging.WARNING, True, True)
     ], caplog.text
     assert run_times("report") == earlier
+
+
+def test_a_cut_that_comes_as_the_late_write_ends_leaves_no_dead_connection_behind(monkeypatch) -> None:
+    """The server answers the write's last statement just as its connection is cut (the timer runs on a thread of
+    its own): the write is done, and Django's connection is not left on a shut-down socket; the next query works."""
+    from django.db import connection
+    from django.utils import timezone
+    from django_celery_beat.models import PeriodicTask
+
+    from zkbeat.contrib import _runs, _time_limit
+
+    real_close = _time_limit._CutOff.close
+
+    def once_it_fired(cut) -> None:  # the write has ended; the cut lands before it is called off
+        wait_for(lambda: cut.fired, timeout=30, message="the cut never came")
+        real_close(cut)
+
+    monkeypatch.setattr(_time_limit._CutOff, "close", once_it_fired)
+    now = timezone.now().replace(microsecond=0)
+    task = interval_task("report", 60, total_run_count=5)
+    connection.ensure_connection()
+    _runs.write_run_times(PeriodicTask, [(task.pk, now, 6)], only_newer=True, timeout=0.1)
+    monkeypatch.undo()
+
+    assert run_times("report") == (now, 6)
+    assert PeriodicTask.objects.filter(pk=task.pk).exists(), "the connection was left cut"
