@@ -87,6 +87,8 @@ def cut_off(connection, deadline: float | None) -> Iterator[None]:
         raise
     finally:
         cut.close()
+        if cut.fired:  # even as the write's last answer came: its socket is shut down, and no later query may use it
+            connection.close()
 
 
 def _connect_until(connection, deadline: float) -> None:
@@ -137,8 +139,8 @@ def transaction_until(connection, cursor, deadline: float | None) -> Iterator[No
         return
     if connection.in_atomic_block:
         raise TransactionManagementError("a write of run times with a timeout runs in transactions of its own")
-    cursor.execute("BEGIN")
     try:
+        cursor.execute("BEGIN")
         _limit(cursor, deadline)
         yield
         cursor.execute("COMMIT")
