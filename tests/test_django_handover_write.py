@@ -265,6 +265,10 @@ def test_the_late_write_leaves_a_row_a_successor_is_writing_and_never_deadlocks_
 class TableLocked:
     """Another transaction holds the task table ACCESS EXCLUSIVE: SKIP LOCKED skips locked rows, not a table lock."""
 
+    #: The server ends the wait itself (the transaction's statement or lock timeout, as PostgreSQL says it in
+    #: English), before the connection would be cut.
+    ended_by = "canceling statement due to"
+
     def __init__(self) -> None:
         self._other = _pg_connect(autocommit=False)
 
@@ -289,6 +293,7 @@ class ServerSilent:
     """The write's connection goes through a proxy that black-holes it: nothing is answered, nothing closed."""
 
     connected = True
+    ended_by = "the connection was cut"
 
     def __init__(self) -> None:
         self._through = database_through_proxy(connected=self.connected)
@@ -316,6 +321,7 @@ class ServerSilentFromTheStart(ServerSilent):
     the last one at close_old_connections()): the write's connection is opened to a server that never answers."""
 
     connected = False
+    ended_by = "no connection within"
 
 
 @pytest.mark.parametrize(
@@ -351,7 +357,9 @@ def test_a_late_write_the_database_never_finishes_is_cut_short_and_its_rows_keep
     assert scheduler.closed and [alive for alive, _, _ in writes] == [[]]
     assert zk_client.exists(candidates[0]) is None
     cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
-    assert [(r.levelno, "2 of 2 rows" in r.getMessage()) for r in cut] == [(logging.WARNING, True)], caplog.text
+    assert [(r.levelno, "2 of 2 rows" in r.getMessage(), hung.ended_by in r.getMessage()) for r in cut] == [
+        (logging.WARNING, True, True)
+    ], caplog.text
     assert {name: run_times(name) for name in earlier} == earlier
 
 
@@ -401,3 +409,44 @@ def test_a_cut_that_comes_as_the_late_write_ends_leaves_no_dead_connection_behin
 
     assert run_times("report") == (now, 6)
     assert PeriodicTask.objects.filter(pk=task.pk).exists(), "the connection was left cut"
+
+
+def _session_state() -> tuple[str, str, bool, int]:
+    """Django's connection as later queries find it: its statement and lock timeouts, autocommit, and whether the
+    server holds a transaction open on it (psycopg2's transaction status: 0 idle)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
+        statement_timeout, lock_timeout = cursor.fetchone()
+    return statement_timeout, lock_timeout, connection.get_autocommit(), connection.connection.get_transaction_status()
+
+
+@pytest.mark.parametrize("table_locked", [False, True], ids=["written", "lock-timeout"])
+def test_the_time_limit_of_a_late_write_stays_inside_its_transactions(table_locked: bool) -> None:
+    """write_run_times(timeout=...) on PostgreSQL, written or ended by its lock timeout: Django's connection is left
+    as it was (its own statement and lock timeouts, autocommit, no transaction open), and a later statement on it
+    waits as long as it did before (here: a lock held 3 s, longer than the write's limit)."""
+    from django.db import connection
+    from django.utils import timezone
+    from django_celery_beat.models import PeriodicTask
+
+    from zkbeat.contrib import _runs
+
+    now = timezone.now().replace(microsecond=0)
+    task = interval_task("report", 60, total_run_count=5)
+    connection.ensure_connection()
+    before = _session_state()
+    with TableLocked() as lock:
+        if table_locked:
+            lock.hang()
+            with pytest.raises(_runs.RunTimesNotWritten) as raised:
+                _runs.write_run_times(PeriodicTask, [(task.pk, now, 6)], only_newer=True, timeout=1.0)
+            assert raised.value.timed_out and raised.value.left == 1
+            threading.Timer(3.0, lock.end).start()
+            assert PeriodicTask.objects.filter(pk=task.pk).update(total_run_count=7) == 1, "a later write timed out"
+        else:
+            _runs.write_run_times(PeriodicTask, [(task.pk, now, 6)], only_newer=True, timeout=1.0)
+            assert run_times("report") == (now, 6)
+        assert connection.connection is not None, "the connection was closed, not left as it was"
+        assert _session_state() == before
