@@ -159,7 +159,10 @@ def test_a_failing_database_at_close_is_logged_and_the_candidate_is_gone(
     assert scheduler.closed
     assert [alive for alive, _, _ in writes] == [[]], "the write must be tried after the handover"
     assert zk_client.exists(candidates[0]) is None
-    assert any("cannot write run times" in r.getMessage() for r in caplog.records), caplog.text
+    failed = [r for r in caplog.records if "cannot write run times" in r.getMessage()]
+    assert [(r.levelno, "1 of 1 rows keep their earlier run times" in r.getMessage()) for r in failed] == [
+        (logging.ERROR, True)
+    ], caplog.text
 
 
 def test_a_second_sigterm_during_the_late_write_waits_until_it_is_done(

@@ -29,9 +29,10 @@ PostgreSQL each chunk is a transaction bounded by what is left of it
 (zkbeat.contrib._time_limit); a chunk cut short rolls back, and the chunks
 after it are not tried. (A signal would not end a hung call: Python runs
 its handler only once the driver returns.) Other databases have no such
-bound here: SQLite waits for a lock at most its busy ``timeout`` (5 s
-unless the database's ``OPTIONS`` say otherwise), MySQL as long as its
-``innodb_lock_wait_timeout``.
+bound here: each statement on SQLite waits for a lock at most its busy
+``timeout`` (5 s unless the database's ``OPTIONS`` say otherwise); MySQL
+waits for a row lock as long as its ``innodb_lock_wait_timeout``, for a
+table lock as long as its ``lock_wait_timeout``.
 """
 
 from __future__ import annotations
