@@ -453,3 +453,42 @@ def test_the_time_limit_of_a_late_write_stays_inside_its_transactions(table_lock
             assert run_times("report") == (now, 6)
         assert connection.connection is not None, "the connection was closed, not left as it was"
         assert _session_state() == before
+
+
+def test_a_late_write_after_a_failed_query_does_not_wait_on_the_old_connection_of_a_silent_server(
+    make_scheduler, zk_client: KazooClient, published: Published, monkeypatch, caplog
+) -> None:
+    """A query of the leader failed (any error but a data or integrity one: Django then checks the connection with a
+    query of its own before the next use), and the server stopped answering before SIGTERM: close() gives up on the
+    late write in time, and the rows keep their earlier runs. Before, that check (close_old_connections) waited on
+    the old connection for as long as the server was silent, outside the write's bound."""
+    from django.db import ProgrammingError, connection
+
+    scheduler = leader_with_runs(make_scheduler, published, ["report"])
+    earlier = run_times("report")
+    candidates = candidates_of(scheduler)
+    writes = Writes(monkeypatch, zk_client, candidates)
+    stuck: list[bool] = []
+    with database_through_proxy() as proxy:
+        with pytest.raises(ProgrammingError), connection.cursor() as cursor:
+            cursor.execute("SELECT * FROM zkbeat_no_such_table")
+        assert connection.errors_occurred
+        proxy.blackhole()
+
+        def rescue() -> None:  # only on failure: close() still waits, well past the cut-off
+            stuck.append(True)
+            proxy.heal()
+
+        guard = threading.Timer(25, rescue)
+        guard.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="zkbeat"):
+                scheduler.close()
+        finally:
+            guard.cancel()
+            proxy.heal()
+    assert not stuck, "close() waited for a database that never answered"
+    assert scheduler.closed and [alive for alive, _, _ in writes] == [[]]
+    cut = [r for r in caplog.records if "keep their earlier run times" in r.getMessage()]
+    assert [(r.levelno, "1 of 1 rows" in r.getMessage()) for r in cut] == [(logging.WARNING, True)], caplog.text
+    assert run_times("report") == earlier
