@@ -65,7 +65,7 @@ from typing import Any
 from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 from django_celery_beat import schedulers
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -784,6 +784,11 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         started = time.monotonic()
         left = self.shutdown_hold_left()
         timeout = LATE_WRITE_TIMEOUT if left is None else min(LATE_WRITE_TIMEOUT, left - LATE_WRITE_MARGIN)
+        connection = connections[router.db_for_write(self.Model)]
+        if connection.vendor == "postgresql":
+            # Opened again within the write's bound (zkbeat.contrib._time_limit): after a failed query,
+            # close_old_connections() would first check this one with a query that nothing bounds.
+            connection.close()
         close_old_connections()
         try:
             if timeout <= 0:
