@@ -7,9 +7,9 @@ it (``SET LOCAL``: the connection's own settings are untouched). One it
 does not (the server or the network stopped answering, so its timeouts
 never fire): the connection's socket is shut down CUT_OFF_GRACE past the
 deadline, and the driver, blocked on it, gets end-of-file at once. A
-connection the write must open first (Django's default CONN_MAX_AGE of 0
-closes the last one) has no socket to cut yet: it is opened with libpq's
-``connect_timeout`` set to the time left.
+connection the write must open first (the late write always does) has no
+socket to cut yet: it is opened with libpq's ``connect_timeout`` set to
+the time left.
 """
 
 from __future__ import annotations
