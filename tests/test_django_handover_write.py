@@ -416,13 +416,13 @@ def test_a_cut_that_comes_as_the_late_write_ends_leaves_no_dead_connection_behin
 
 def _session_state() -> tuple[str, str, bool, int]:
     """Django's connection as later queries find it: its statement and lock timeouts, autocommit, and whether the
-    server holds a transaction open on it (psycopg2's transaction status: 0 idle)."""
+    server holds a transaction open on it (libpq's transaction status, as psycopg2 and psycopg 3 give it: 0 idle)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
         statement_timeout, lock_timeout = cursor.fetchone()
-    return statement_timeout, lock_timeout, connection.get_autocommit(), connection.connection.get_transaction_status()
+    return statement_timeout, lock_timeout, connection.get_autocommit(), connection.connection.info.transaction_status
 
 
 @pytest.mark.parametrize("table_locked", [False, True], ids=["written", "lock-timeout"])
