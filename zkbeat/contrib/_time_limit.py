@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.db import DatabaseError, Error
 from django.db.transaction import TransactionManagementError, atomic
@@ -40,25 +40,35 @@ class OutOfTime(DatabaseError):
 
 
 class _CutOff:
-    """Shuts the connection's socket down at ``at`` (monotonic) unless closed first.
+    """Shuts the connection's socket down at the moment last armed for (monotonic) unless armed again or closed first.
 
     A server that stopped answering (a dead host, a network that drops
     packets) never ends a statement by its own timeouts; the driver, blocked
     on the socket, then gets end-of-file at once and raises.
     """
 
-    def __init__(self, raw_connection, at: float) -> None:
+    def __init__(self, raw_connection) -> None:
         self._socket = socket.socket(fileno=os.dup(raw_connection.fileno()))  # its own descriptor: never reused
         self._lock = threading.Lock()
         self._closed = False
         self.fired = False
-        self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+        self._timer: threading.Timer | None = None
+        self._armed = 0  # which arming a timer belongs to: one re-armed meanwhile must not fire
 
-    def _fire(self) -> None:
+    def arm(self, at: float) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self.fired:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._armed += 1
+            self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire, (self._armed,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self, armed: int) -> None:
+        with self._lock:
+            if self._closed or armed != self._armed:
                 return
             self.fired = True
             with contextlib.suppress(OSError):
@@ -67,20 +77,38 @@ class _CutOff:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        self._timer.cancel()
+            timer = self._timer
+        if timer is not None:
+            timer.cancel()
         self._socket.close()
 
 
 @contextlib.contextmanager
-def cut_off(connection, deadline: float | None) -> Iterator[None]:
-    """Within the block, cut the connection CUT_OFF_GRACE after ``deadline`` (None: never)."""
+def cut_off(connection, deadline: float | None, stall: float | None = None) -> Iterator[Callable[[], float] | None]:
+    """Within the block, cut the connection CUT_OFF_GRACE past its time (no ``deadline``: never).
+
+    Yields ``next_chunk()``, to call before each chunk: it returns the
+    chunk's own deadline (``stall`` seconds from now, within ``deadline``)
+    and cuts the connection CUT_OFF_GRACE past that one instead.
+    """
     if deadline is None:
-        yield
+        yield None
         return
-    _connect_until(connection, deadline)
-    cut = _CutOff(connection.connection, deadline + CUT_OFF_GRACE)
+
+    def chunk_deadline() -> float:
+        return deadline if stall is None else min(deadline, time.monotonic() + stall)
+
+    _connect_until(connection, chunk_deadline())
+    cut = _CutOff(connection.connection)
+
+    def next_chunk() -> float:
+        at = chunk_deadline()
+        cut.arm(at + CUT_OFF_GRACE)
+        return at
+
     try:
-        yield
+        next_chunk()  # until the first chunk, too
+        yield next_chunk
     except Error as exc:
         if cut.fired:
             raise OutOfTime(f"no answer {CUT_OFF_GRACE:g} s past the time limit: the connection was cut") from exc
