@@ -203,16 +203,19 @@ def database_unreachable() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def database_through_proxy() -> Iterator[TcpProxy]:
+def database_through_proxy(connected: bool = True) -> Iterator[TcpProxy]:
     """This process's Django connection goes through a TcpProxy to PostgreSQL, which the test can black-hole.
 
-    The connection is open when the block starts: a query sent once the proxy
-    black-holes simply gets no answer, as from a server that stopped answering.
+    The connection is open when the block starts (unless not ``connected``): a
+    query sent once the proxy black-holes simply gets no answer, as from a
+    server that stopped answering; a connection opened then gets no answer
+    to its start-up either.
     """
     from django.db import connection
 
     with TcpProxy(int(connection.settings_dict["PORT"] or 5432)) as proxy, _database_at(proxy.port):
-        connection.ensure_connection()
+        if connected:
+            connection.ensure_connection()
         yield proxy
 
 

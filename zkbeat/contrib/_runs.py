@@ -25,20 +25,21 @@ it could close a cycle with the successor, and PostgreSQL would abort one
 of the two writes as a deadlock.
 
 With ``timeout`` (the write at exit, which holds the process's exit), on
-PostgreSQL each chunk is a transaction bounded by what is left of it
-(zkbeat.contrib._time_limit); a chunk cut short rolls back, and the chunks
-after it are not tried. (A signal would not end a hung call: Python runs
+PostgreSQL each chunk is a transaction bounded by ``stall`` seconds and by
+what is left of the ``timeout`` (zkbeat.contrib._time_limit); a chunk cut
+short rolls back, and the chunks after it are not tried. (A signal would not end a hung call: Python runs
 its handler only once the driver returns.) Other databases have no such
-bound here: SQLite waits for a lock at most its busy ``timeout`` (5 s
-unless the database's ``OPTIONS`` say otherwise), MySQL as long as its
-``innodb_lock_wait_timeout``.
+bound here: each statement on SQLite waits for a lock at most its busy
+``timeout`` (5 s unless the database's ``OPTIONS`` say otherwise); MySQL
+waits for a row lock as long as its ``innodb_lock_wait_timeout``, for a
+table lock as long as its ``lock_wait_timeout``.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 
 from django.db import DatabaseError, Error, connections, router
@@ -71,12 +72,15 @@ def write_run_times(
     *,
     only_newer: bool = False,
     timeout: float | None = None,
+    stall: float | None = None,
 ) -> None:
     """Write (pk, last_run_at, total_run_count) to each row of ``model`` that is still enabled.
 
     ``only_newer``: and whose ``last_run_at`` is empty or older than the one written (on PostgreSQL: and
     that no other transaction holds locked; this write never waits for one). ``timeout``: seconds the
-    whole write may take, on PostgreSQL. Raises :class:`RunTimesNotWritten` (a ``DatabaseError``).
+    whole write may take, on PostgreSQL; ``stall``: seconds each chunk of it may take (a database that
+    takes longer is taken to hang; one that makes progress gets the whole ``timeout``). Raises
+    :class:`RunTimesNotWritten` (a ``DatabaseError``).
     """
     if not runs:
         return
@@ -85,9 +89,9 @@ def write_run_times(
     deadline = time.monotonic() + timeout if limited else None
     written = 0
     try:
-        with cut_off(connection, deadline):
+        with cut_off(connection, deadline, stall) as next_chunk:
             if _joins(connection):
-                for done in _write_joined(model, connection, runs, only_newer, deadline):
+                for done in _write_joined(model, connection, runs, only_newer, next_chunk):
                     written += done
                 return
             manager = model._default_manager.db_manager(connection.alias)
@@ -112,11 +116,12 @@ def _write_joined(
     connection,
     runs: Sequence[tuple[int, datetime, int]],
     only_newer: bool = False,
-    deadline: float | None = None,
+    next_chunk: Callable[[], float] | None = None,
 ) -> Iterator[int]:
     """``UPDATE table SET ... FROM (VALUES ...) WHERE table.id = v.id AND table.enabled``, a chunk at a time.
 
     Yields the number of runs of each chunk once it is written (committed, outside a caller's transaction).
+    ``next_chunk``: each chunk's deadline, asked for as it begins (zkbeat.contrib._time_limit.cut_off).
     """
     meta = model._meta
     quote = connection.ops.quote_name
@@ -154,10 +159,11 @@ def _write_joined(
     with connection.cursor() as cursor:
         for start in range(0, len(runs), size):
             chunk = runs[start : start + size]
-            if not skip_locked and deadline is None:
+            if not skip_locked and next_chunk is None:
                 update(cursor, chunk)
                 yield len(chunk)
                 continue
+            deadline = None if next_chunk is None else next_chunk()
             with transaction_until(connection, cursor, deadline):  # its rows stay locked until its UPDATE is done
                 if skip_locked:
                     cursor.execute(

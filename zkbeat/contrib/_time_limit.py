@@ -6,17 +6,21 @@ the time left as its ``statement_timeout`` and ``lock_timeout``, local to
 it (``SET LOCAL``: the connection's own settings are untouched). One it
 does not (the server or the network stopped answering, so its timeouts
 never fire): the connection's socket is shut down CUT_OFF_GRACE past the
-deadline, and the driver, blocked on it, gets end-of-file at once.
+deadline, and the driver, blocked on it, gets end-of-file at once. A
+connection the write must open first (the late write always does) has no
+socket to cut yet: it is opened with libpq's ``connect_timeout`` set to
+the time left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.db import DatabaseError, Error
 from django.db.transaction import TransactionManagementError, atomic
@@ -27,6 +31,8 @@ __all__ = ["TIMED_OUT", "OutOfTime", "cut_off", "timed_out", "transaction_until"
 TIMED_OUT = {"57014", "55P03"}
 #: Seconds past the deadline that a statement may stay unanswered before its connection is cut (server silent).
 CUT_OFF_GRACE = 1.0
+#: libpq's shortest ``connect_timeout``: it takes whole seconds and reads 1 as 2.
+SHORTEST_CONNECT_TIMEOUT = 2
 
 
 class OutOfTime(DatabaseError):
@@ -34,25 +40,35 @@ class OutOfTime(DatabaseError):
 
 
 class _CutOff:
-    """Shuts the connection's socket down at ``at`` (monotonic) unless closed first.
+    """Shuts the connection's socket down at the moment last armed for (monotonic) unless armed again or closed first.
 
     A server that stopped answering (a dead host, a network that drops
     packets) never ends a statement by its own timeouts; the driver, blocked
     on the socket, then gets end-of-file at once and raises.
     """
 
-    def __init__(self, raw_connection, at: float) -> None:
+    def __init__(self, raw_connection) -> None:
         self._socket = socket.socket(fileno=os.dup(raw_connection.fileno()))  # its own descriptor: never reused
         self._lock = threading.Lock()
         self._closed = False
         self.fired = False
-        self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+        self._timer: threading.Timer | None = None
+        self._armed = 0  # which arming a timer belongs to: one re-armed meanwhile must not fire
 
-    def _fire(self) -> None:
+    def arm(self, at: float) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self.fired:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._armed += 1
+            self._timer = threading.Timer(max(0.0, at - time.monotonic()), self._fire, (self._armed,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self, armed: int) -> None:
+        with self._lock:
+            if self._closed or armed != self._armed:
                 return
             self.fired = True
             with contextlib.suppress(OSError):
@@ -61,26 +77,80 @@ class _CutOff:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        self._timer.cancel()
+            timer = self._timer
+        if timer is not None:
+            timer.cancel()
         self._socket.close()
 
 
 @contextlib.contextmanager
-def cut_off(connection, deadline: float | None) -> Iterator[None]:
-    """Within the block, cut the connection CUT_OFF_GRACE after ``deadline`` (None: never)."""
+def cut_off(connection, deadline: float | None, stall: float | None = None) -> Iterator[Callable[[], float] | None]:
+    """Within the block, cut the connection CUT_OFF_GRACE past its time (no ``deadline``: never).
+
+    Yields ``next_chunk()``, to call before each chunk: it returns the
+    chunk's own deadline (``stall`` seconds from now, within ``deadline``)
+    and cuts the connection CUT_OFF_GRACE past that one instead.
+    """
     if deadline is None:
-        yield
+        yield None
         return
-    connection.ensure_connection()
-    cut = _CutOff(connection.connection, deadline + CUT_OFF_GRACE)
+
+    def chunk_deadline() -> float:
+        return deadline if stall is None else min(deadline, time.monotonic() + stall)
+
+    _connect_until(connection, chunk_deadline())
+    cut = _CutOff(connection.connection)
+
+    def next_chunk() -> float:
+        at = chunk_deadline()
+        cut.arm(at + CUT_OFF_GRACE)
+        return at
+
     try:
-        yield
+        next_chunk()  # until the first chunk, too
+        yield next_chunk
     except Error as exc:
         if cut.fired:
             raise OutOfTime(f"no answer {CUT_OFF_GRACE:g} s past the time limit: the connection was cut") from exc
         raise
     finally:
         cut.close()
+        if cut.fired:  # even as the write's last answer came: its socket is shut down, and no later query may use it
+            connection.close()
+
+
+def _connect_until(connection, deadline: float) -> None:
+    """Open the connection unless it is open, waiting for the server about as long as is left until ``deadline``.
+
+    Django opens it without a ``connect_timeout`` (unless the database's
+    ``OPTIONS`` give one): a server that accepts the connection and never
+    answers, or a dead host, would hold the exit for as long as TCP tries.
+    """
+    if connection.connection is not None:
+        return
+    seconds = max(SHORTEST_CONNECT_TIMEOUT, math.ceil(deadline - time.monotonic()))
+    own_params = connection.get_connection_params
+
+    def bounded_params() -> dict:
+        params = own_params()
+        try:
+            given = int(params.get("connect_timeout") or 0)
+        except (TypeError, ValueError):
+            given = 0
+        params["connect_timeout"] = min(given, seconds) if given > 0 else seconds
+        return params
+
+    started = time.monotonic()
+    connection.get_connection_params = bounded_params  # this wrapper only: it belongs to this thread
+    try:
+        connection.ensure_connection()
+    except Error as exc:
+        # libpq counts its timeout in whole seconds of the wall clock: up to one early.
+        if time.monotonic() - started >= seconds - 1:
+            raise OutOfTime(f"no connection within {seconds} s") from exc
+        raise
+    finally:
+        del connection.get_connection_params
 
 
 @contextlib.contextmanager
@@ -97,8 +167,8 @@ def transaction_until(connection, cursor, deadline: float | None) -> Iterator[No
         return
     if connection.in_atomic_block:
         raise TransactionManagementError("a write of run times with a timeout runs in transactions of its own")
-    cursor.execute("BEGIN")
     try:
+        cursor.execute("BEGIN")
         _limit(cursor, deadline)
         yield
         cursor.execute("COMMIT")

@@ -65,7 +65,7 @@ from typing import Any
 from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 from django_celery_beat import schedulers
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -75,6 +75,7 @@ from ..coordination.election import Fence
 from ..coordination.shards import entry_shard
 from ..leading.passgc import no_collection
 from ..leading.shard_state import ShardState
+from ..leading.term import SIGNAL_HOLD_LIMIT
 from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
 from . import _rows
@@ -92,10 +93,12 @@ logger = logging.getLogger(__name__)
 #: (raw SQL, ``QuerySet.update``). django-celery-beat's own interval for its
 #: full re-read (``SCHEDULE_SYNC_MAX_INTERVAL``), five minutes.
 FULL_RELOAD_INTERVAL = getattr(schedulers, "SCHEDULE_SYNC_MAX_INTERVAL", 300)
-#: Seconds the write of run times after the handover may take (on PostgreSQL: zkbeat.contrib._runs). The
-#: process's exit waits for it, and the rows are only what the admin shows: the ledger decides what runs.
-LATE_WRITE_TIMEOUT = 5.0
-#: Seconds of close()'s signal hold the late write leaves unused (its connection is cut a second past its timeout).
+#: Seconds each chunk (1,000 rows) of the write of run times after the handover may take (on PostgreSQL:
+#: zkbeat.contrib._runs): a database slower than that is taken to hang. The process's exit waits for the
+#: write, and the rows are only what the admin shows: the ledger decides what runs.
+LATE_WRITE_CHUNK_TIMEOUT = 5.0
+#: Seconds of close()'s signal hold the late write leaves unused (its connection is cut a second past its time);
+#: a write that makes progress has the rest (at 100,000 rows it takes seconds).
 LATE_WRITE_MARGIN = 2.0
 
 
@@ -780,15 +783,23 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         return functools.partial(self._write_after_handover, runs)
 
     def _write_after_handover(self, runs: list[tuple[int, datetime, int]]) -> None:
-        """The write :meth:`sync_at_close` deferred, bounded (LATE_WRITE_TIMEOUT): the process's exit waits for it."""
+        """The write :meth:`sync_at_close` deferred, bounded: the process's exit waits for it.
+
+        Each chunk has LATE_WRITE_CHUNK_TIMEOUT, the write what is left of close()'s signal hold.
+        """
         started = time.monotonic()
         left = self.shutdown_hold_left()
-        timeout = LATE_WRITE_TIMEOUT if left is None else min(LATE_WRITE_TIMEOUT, left - LATE_WRITE_MARGIN)
+        timeout = (SIGNAL_HOLD_LIMIT if left is None else left) - LATE_WRITE_MARGIN
+        connection = connections[router.db_for_write(self.Model)]
+        if connection.vendor == "postgresql":
+            # Opened again within the write's bound (zkbeat.contrib._time_limit): after a failed query,
+            # close_old_connections() would first check this one with a query that nothing bounds.
+            connection.close()
         close_old_connections()
         try:
             if timeout <= 0:
                 raise RunTimesNotWritten(len(runs), len(runs), TimeoutError("no time left of the shutdown hold"), True)
-            write_run_times(self.Model, runs, only_newer=True, timeout=timeout)
+            write_run_times(self.Model, runs, only_newer=True, timeout=timeout, stall=LATE_WRITE_CHUNK_TIMEOUT)
         except RunTimesNotWritten as exc:
             logger.log(
                 logging.WARNING if exc.timed_out else logging.ERROR,
@@ -796,7 +807,12 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 "earlier run times (%s); the ledger holds the runs",
                 exc.left,
                 exc.total,
-                f"not done within {max(timeout, 0):.1f} s: {exc.reason}" if exc.timed_out else repr(exc.cause),
+                (
+                    f"not done in time ({LATE_WRITE_CHUNK_TIMEOUT:g} s a chunk, {max(timeout, 0):.1f} s in all): "
+                    f"{exc.reason}"
+                )
+                if exc.timed_out
+                else repr(exc.cause),
             )
             return
         logger.info(
