@@ -1,8 +1,8 @@
 """The package's shape: each subpackage imports only the layers below it.
 
 zkbeat/ is arranged so that what a module may use is visible from where it
-lives: conf, exceptions and _decode (reading JSON anyone may have written)
-at the bottom; ticking (what a tick is) and
+lives: conf, exceptions, _decode (reading JSON anyone may have written) and
+_collector (the garbage collector held off) at the bottom; ticking (what a tick is) and
 coordination (who leads) on them, apart; the ledger (what ran) on those;
 leading (one shard's term: plan, claim, publish) on the ledger; ops (the
 command, status, metrics, dashboard) beside leading; the scheduler (Celery's
@@ -25,13 +25,22 @@ ALLOWED = {
     "zkbeat.conf": {"zkbeat.exceptions"},
     "zkbeat.exceptions": set(),
     "zkbeat._decode": set(),
-    "zkbeat.ticking": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode"},
-    "zkbeat.coordination": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode"},
-    "zkbeat.ledger": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode", "zkbeat.ticking", "zkbeat.coordination"},
+    "zkbeat._collector": set(),
+    "zkbeat.ticking": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode", "zkbeat._collector"},
+    "zkbeat.coordination": {"zkbeat.conf", "zkbeat.exceptions", "zkbeat._decode", "zkbeat._collector"},
+    "zkbeat.ledger": {
+        "zkbeat.conf",
+        "zkbeat.exceptions",
+        "zkbeat._decode",
+        "zkbeat._collector",
+        "zkbeat.ticking",
+        "zkbeat.coordination",
+    },
     "zkbeat.leading": {
         "zkbeat.conf",
         "zkbeat.exceptions",
         "zkbeat._decode",
+        "zkbeat._collector",
         "zkbeat.ticking",
         "zkbeat.coordination",
         "zkbeat.ledger",
@@ -40,6 +49,7 @@ ALLOWED = {
         "zkbeat.conf",
         "zkbeat.exceptions",
         "zkbeat._decode",
+        "zkbeat._collector",
         "zkbeat.ticking",
         "zkbeat.coordination",
         "zkbeat.ledger",

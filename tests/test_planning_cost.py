@@ -4,7 +4,7 @@ An entry's policy options (grace, catch-up, jitter) are parsed when the
 schedule is read, not at every tick (zkbeat.ticking.policy), and a pass reads the
 app's clock once, not several times per entry (zkbeat.ticking.passclock); the pass
 runs without Python's cyclic collector, whose full collections walk the
-whole schedule (zkbeat.leading.passgc). Counted, not timed.
+whole schedule (zkbeat._collector). Counted, not timed.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def collector_seen() -> Iterator[list[bool]]:
 def test_a_pass_claims_and_publishes_with_the_cyclic_collector_off_and_turns_it_on_after(
     make_scheduler, published: Published, collector_seen: list[bool]
 ) -> None:
-    """A full collection walks the whole schedule: none during a leader's pass (leading.passgc), on again after."""
+    """A full collection walks the whole schedule: none during a leader's pass (zkbeat._collector), on again after."""
     assert gc.isenabled()
     scheduler = make_scheduler({f"kept-{i:02d}": every(0.2) for i in range(20)})
     lead(scheduler)

@@ -71,9 +71,9 @@ from django_celery_beat import schedulers
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from kazoo.protocol.states import KazooState
 
+from .._collector import no_collection
 from ..coordination.election import Fence
 from ..coordination.shards import entry_shard
-from ..leading.passgc import no_collection
 from ..leading.shard_state import ShardState
 from ..leading.term import SIGNAL_HOLD_LIMIT
 from ..ledger.store import EntryState

@@ -22,8 +22,8 @@ import time
 
 from celery import beat
 
+from .._collector import no_collection
 from ..ticking.ticks import delay_to_slot
-from .passgc import no_collection
 from .term import Due, Requeue
 
 __all__ = ["HeapPass", "MAX_BATCH"]
@@ -49,7 +49,7 @@ class HeapPass:
         """
         self.pass_clock.start()
         try:
-            with no_collection():  # zkbeat.leading.passgc: a full collection walks the whole schedule
+            with no_collection():  # zkbeat._collector: a full collection walks the whole schedule
                 interval = self._lead_pass()
         finally:
             self.pass_clock.stop()

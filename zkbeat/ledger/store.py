@@ -26,12 +26,10 @@ so a run recorded by someone else is never overwritten blindly.
 
 from __future__ import annotations
 
-import gc
 import json
 import json.scanner
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
@@ -48,6 +46,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from .._collector import no_collection
 from .._decode import json_object
 from ..coordination._multiread import read_many
 from ..coordination.layout import LAYOUT_DIR
@@ -393,9 +392,9 @@ class Ledger:
         entries costs about one round trip plus transfer, not 10,000 of them.
         A znode zkbeat cannot parse, or may not read (someone else's ACL), is
         logged and returned with state None. Python's cyclic garbage collector
-        is held off meanwhile (:func:`_collector_held`).
+        is held off meanwhile (zkbeat._collector).
         """
-        with _collector_held():
+        with no_collection():
             return self._load(names, keep)
 
     def _load(self, names: Iterable[str] | None, keep: Callable[[str], bool] | None) -> dict[str, LedgerRecord]:
@@ -502,28 +501,6 @@ class Ledger:
                     if stamps:
                         result.written[claim.name] = zookeeper_time(stamps[0])
         return result
-
-
-@contextmanager
-def _collector_held() -> Iterator[None]:
-    """Hold Python's cyclic garbage collector off for a ledger load; an application's choice to disable it stays.
-
-    A load leaves some fifteen new container objects per entry (states, runs,
-    records, stats). With the collector on, every 700 of them start a
-    collection, and now and then a full one walks the whole heap again: at
-    100,000 entries about as much time as the decoding itself. A load
-    makes no reference cycles, so nothing waits for the collector; its one
-    collection of the new objects afterwards replaces the hundreds during.
-    Two loads at once in two threads: the first to end turns it back on.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def zookeeper_time(mtime: int) -> datetime:

@@ -1,4 +1,4 @@
-"""No cyclic garbage collection while a leader's pass runs: Python's collector walks every object at a full collection.
+"""No cyclic garbage collection while a leader's pass or a large read runs: a full collection walks every object.
 
 A pass of up to 1,000 ticks allocates enough objects (the successors, the
 ledger states, the messages) to set off Python's collector dozens of times,
@@ -15,8 +15,16 @@ and runs at its usual thresholds from there (the pass's allocations count
 towards its next collection, as they would have). What a pass leaves behind
 is freed by reference counting as ever; only garbage in cycles waits until
 the pass is over, a pass's worth at most. Where the collector was off
-already (the application turned it off, or zkbeat.contrib.django's read
-holds it off), a pass leaves it as it was.
+already (the application turned it off, or another such block holds it
+off), a block leaves it as it was.
+
+The same holds for the other reads that build an object per entry:
+``Ledger.load`` (some fifteen containers a znode: a takeover's load of
+100,000 entries spent about as long in the collector as in decoding) and
+zkbeat.contrib.django's read of the table. None of them makes reference
+cycles, so nothing waits for the collector; its one collection of the new
+objects afterwards replaces the hundreds during. Two blocks at once in two
+threads: the first to end turns it back on, the other runs on with it on.
 """
 
 from __future__ import annotations
