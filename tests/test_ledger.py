@@ -285,6 +285,12 @@ GARBAGE = {
     "nested past the recursion limit": b"[" * 100_000 + b"]" * 100_000,
     # No data at all, not even b"" (zkCli's `set <path>` of nothing, a Java client's null): AttributeError before.
     "null data": None,
+    # A time whose zone puts it before year 1 or after 9999 in UTC: OverflowError, not ValueError, before, out
+    # of Ledger.load and so out of every takeover's term.
+    "last_run_at before year 1 in UTC": json.dumps({"last_run_at": "0001-01-01T00:00:00+01:00"}).encode(),
+    "slot after 9999 in UTC": json.dumps(
+        {"last_run_at": "2024-05-01T12:00:00+00:00", "slot": "9999-12-31T23:59:59-01:00"}
+    ).encode(),
 }
 
 

@@ -112,7 +112,10 @@ def _parse_time(value: Any) -> datetime | None:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError(f"timestamp without a timezone: {value!r}")
-    return parsed.astimezone(timezone.utc)
+    try:
+        return parsed.astimezone(timezone.utc)
+    except OverflowError:  # before year 1 or after 9999 in UTC: bad data, not an error out of Ledger.load
+        raise ValueError(f"timestamp out of range in UTC: {value!r}") from None
 
 
 @dataclass(frozen=True)
