@@ -15,35 +15,70 @@ and runs at its usual thresholds from there (the pass's allocations count
 towards its next collection, as they would have). What a pass leaves behind
 is freed by reference counting as ever; only garbage in cycles waits until
 the pass is over, a pass's worth at most. Where the collector was off
-already (the application turned it off, or another such block holds it
-off), a block leaves it as it was.
+already (the application turned it off), a block leaves it as it was.
 
 The same holds for the other reads that build an object per entry:
 ``Ledger.load`` (some fifteen containers a znode: a takeover's load of
 100,000 entries spent about as long in the collector as in decoding) and
 zkbeat.contrib.django's read of the table. None of them makes reference
 cycles, so nothing waits for the collector; its one collection of the new
-objects afterwards replaces the hundreds during. Two blocks at once in two
-threads: the first to end turns it back on, the other runs on with it on.
+objects afterwards replaces the hundreds during.
+
+The blocks run in several threads (the leader's pass in beat's, a load in
+the dashboard's, a shard's or a web request's), and the application may turn
+the collector off or on in its own at any time. So a block does not touch
+``gc.disable()``/``gc.enable()``, the application's switch, but sets the
+first generation's threshold to 0 (no automatic collection, as Python's
+documentation says), counted across threads: the first block in sets it,
+the last one out puts back the threshold it found. An application's
+``gc.disable()`` during a block stays in force after it, its ``gc.enable()``
+too; a threshold the application sets during a block is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
+import threading
 from collections.abc import Iterator
 
 __all__ = ["no_collection"]
 
+_lock = threading.Lock()
+#: Blocks open now, in every thread.
+_open = 0
+#: The first generation's threshold the first block found (0: collections were off by threshold already).
+_found = 0
+
 
 @contextlib.contextmanager
 def no_collection() -> Iterator[None]:
-    """The collector off for the ``with`` block, back on after it if it was on before."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
+    """No automatic collection for the ``with`` block; afterwards as it was (or as the application set it meanwhile)."""
+    global _open, _found
+    with _lock:
+        if _open == 0:
+            _found = gc.get_threshold()[0]
+            if _found:
+                gc.set_threshold(0)
+        _open += 1
     try:
         yield
     finally:
-        gc.enable()
+        with _lock:
+            _open = max(_open - 1, 0)  # 0 at most once too many: a child forked inside a block (below)
+            # Put back only what a block changed: a threshold the application set meanwhile stays.
+            if _open == 0 and _found and gc.get_threshold()[0] == 0:
+                gc.set_threshold(_found)
+
+
+def _forked() -> None:
+    """A child forked while a block was open (in this thread or another): collections as found, nothing held."""
+    global _lock, _open
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    if _open and _found and gc.get_threshold()[0] == 0:
+        gc.set_threshold(_found)
+    _open = 0
+
+
+os.register_at_fork(after_in_child=_forked)
