@@ -81,4 +81,5 @@ def _forked() -> None:
     _open = 0
 
 
-os.register_at_fork(after_in_child=_forked)
+if hasattr(os, "register_at_fork"):  # not where processes cannot fork (Windows): nothing to reset there
+    os.register_at_fork(after_in_child=_forked)
