@@ -25,7 +25,7 @@ cycles, so nothing waits for the collector; its one collection of the new
 objects afterwards replaces the hundreds during.
 
 The blocks run in several threads (the leader's pass in beat's, a load in
-the dashboard's, a shard's or a web request's), and the application may turn
+a shard's, or the Django admin's request), and the application may turn
 the collector off or on in its own at any time. So a block does not touch
 ``gc.disable()``/``gc.enable()``, the application's switch, but sets the
 first generation's threshold to 0 (no automatic collection, as Python's
