@@ -561,6 +561,23 @@ def _marked(scheduler: Any, attempts: list[int]) -> None:
     scheduler._fair_share.mark_unready("test: cannot lead")
 
 
+def _marked_behind_a_leader(
+    make_scheduler, zk_client: KazooClient, zk_root: str, identity: str, *, seconds: float = 1, per_shard: int = 1
+) -> tuple[dict, dict, Any, Any, list[int]]:
+    """Two shards led by ``leader``; ``identity`` said it cannot lead (:func:`_marked`) and stands behind it in both
+    lines. Returns the entries, the settings, the two schedulers and the shards ``identity`` tried to load."""
+    names = names_in_every_shard(zk_root, 2, per_shard=per_shard)
+    entries = {name: every(seconds, n) for n, name in enumerate(names)}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler(entries, identity="leader", **settings)
+    lead_every_shard(leader)
+    marked = make_scheduler(entries, identity=identity, **settings)
+    attempts: list[int] = []
+    _marked(marked, attempts)
+    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    return entries, settings, leader, marked, attempts
+
+
 def test_a_replica_marked_unready_that_takes_a_shard_steps_aside_at_once_for_a_ready_one_behind_it(
     make_scheduler, zk_client: KazooClient, zk_root: str, published: Published, quick: None, caplog
 ) -> None:
@@ -569,19 +586,14 @@ def test_a_replica_marked_unready_that_takes_a_shard_steps_aside_at_once_for_a_r
     schedule once in each shard, then steps aside at once: ``ready`` leads both shards, although
     zkbeat_stall_timeout is an hour (before, each shard stayed unpublished for that long). Said once a shard,
     counted in zkbeat_schedule_load_step_downs_total."""
-    entries = {name: every(0.5, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=2))}
-    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
-    leader = make_scheduler(entries, identity="leader", **settings)
-    lead_every_shard(leader)
-    marked = make_scheduler(entries, identity="marked", **settings)
-    attempts: list[int] = []
-    _marked(marked, attempts)
+    entries, settings, leader, marked, attempts = _marked_behind_a_leader(
+        make_scheduler, zk_client, zk_root, "marked", seconds=0.5, per_shard=2
+    )
     marked._fair_share.decide = lambda: None  # the moment before it steps back: no move of its fair share
     step_downs: list[int] = []
     original = marked.metrics.schedule_load_step_down
     marked.metrics.schedule_load_step_down = lambda: (step_downs.append(1), original())
     terms = count_terms(marked)
-    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
     ready = make_scheduler(entries, identity="ready", **settings)
     wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
     mark = f"{unready_path(zk_root)}/{marked._replica}"
@@ -608,14 +620,9 @@ def test_replicas_marked_unready_keep_a_shard_none_behind_them_can_lead(
     """``first`` and ``second`` both said they cannot lead; ``first`` heads both lines when their leader stops,
     ``second`` behind it. Neither can do better: ``first`` keeps trying both shards (no step aside in favour
     of a replica that cannot lead either, so the two never hand the shards back and forth)."""
-    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
-    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
-    leader = make_scheduler(entries, identity="leader", **settings)
-    lead_every_shard(leader)
-    first = make_scheduler(entries, identity="first", **settings)
-    first_attempts: list[int] = []
-    _marked(first, first_attempts)
-    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
+    entries, settings, leader, first, first_attempts = _marked_behind_a_leader(
+        make_scheduler, zk_client, zk_root, "first"
+    )
     second = make_scheduler(entries, identity="second", **settings)
     _marked(second, [])
     wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
@@ -727,16 +734,9 @@ def test_a_replica_marked_unready_with_nobody_behind_it_keeps_trying(
     """docs/sharding.md: with none behind it that can lead, "none steps aside for nobody". ``marked`` said it
     cannot lead and is alone behind ``leader`` in both lines; ``leader`` stops: ``marked`` leads both shards
     and keeps trying its schedule (zkbeat_stall_timeout is an hour), never out of a line in favour of nobody."""
-    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
-    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
-    leader = make_scheduler(entries, identity="leader", **settings)
-    lead_every_shard(leader)
-    marked = make_scheduler(entries, identity="marked", **settings)
-    attempts: list[int] = []
-    _marked(marked, attempts)
+    _, _, leader, marked, attempts = _marked_behind_a_leader(make_scheduler, zk_client, zk_root, "marked")
     step_downs: list[int] = []
     marked.metrics.schedule_load_step_down = lambda: step_downs.append(1)
-    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
     mark = f"{unready_path(zk_root)}/{marked._replica}"
     with Loop(marked):
         wait_for(lambda: zk_client.exists(mark), timeout=30, message="no unready mark")
@@ -757,17 +757,10 @@ def test_a_replica_whose_mark_is_refused_never_steps_aside_at_once(
     stops: it keeps trying its schedule in both shards (zkbeat_stall_timeout is an hour), ``ready`` leads none."""
     zk_client.ensure_path(f"{zk_root}/v1")
     zk_client.create(unready_path(zk_root), acl=[make_digest_acl("someone", "else", all=True)])
-    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=1))}
-    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 3600, "beat_max_loop_interval": 0.2}
-    leader = make_scheduler(entries, identity="leader", **settings)
-    lead_every_shard(leader)
-    marked = make_scheduler(entries, identity="marked", **settings)
-    attempts: list[int] = []
-    _marked(marked, attempts)
+    entries, settings, leader, marked, attempts = _marked_behind_a_leader(make_scheduler, zk_client, zk_root, "marked")
     marked._fair_share.decide = lambda: None  # the moment before it steps back: no move of its fair share
     step_downs: list[int] = []
     marked.metrics.schedule_load_step_down = lambda: step_downs.append(1)
-    wait_for(lambda: all(len(line) == 2 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
     ready = make_scheduler(entries, identity="ready", **settings)
     wait_for(lambda: all(len(line) == 3 for line in lines_of(zk_client, zk_root, 2).values()), timeout=30)
     with Loop(marked), Loop(ready):
