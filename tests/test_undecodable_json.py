@@ -18,6 +18,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from zkbeat.conf import read_settings
 from zkbeat.coordination.election import LeaderElection, request_step_down
 from zkbeat.coordination.shards import election_path
 from zkbeat.ledger import controls
+from zkbeat.ledger.store import EntryState, Ledger, encode_state
 from zkbeat.ops.cli import Target, _check_local
 from zkbeat.ops.dashboard.model import ClusterModel
 from zkbeat.ops.dashboard.server import DashboardServer
@@ -221,3 +223,38 @@ def test_health_local_reads_any_answer_of_the_metrics_port(body: bytes, capsys) 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_ledger_entry_nested_deep_but_below_the_recursion_limit_is_no_state_and_said(
+    make_scheduler: Callable[..., Any], zk_client: KazooClient, zk_root: str, caplog
+) -> None:
+    """Ledger entries whose pause record is a list nested 880 to 1000 deep (json.loads reads those below its
+    recursion limit, at whatever depth of the stack it runs) are each read as no state, with a WARNING naming
+    the entry and saying "nested too deep"; the entry beside them is read, and a leader takes over and ticks.
+    Before, an entry nested just below the limit was read, and the WARNING about its pause record could not
+    format it (the repr of the record overflowed, deeper in the stack): a handler that raises on that (as
+    pytest's does) raised RecursionError out of Ledger.load, and the standard one dropped the line."""
+    ledger = Ledger(zk_client, zk_root)
+    now = datetime.now(timezone.utc)
+    good = EntryState(last_run_at=now, total_run_count=1, epoch=1, updated_at=now, slot=now)
+    zk_client.create(ledger.entry_path("good"), encode_state(good), makepath=True)
+    depths = range(880, 1001, 2)
+    for depth in depths:
+        data = json.loads(encode_state(good))
+        data["paused"] = "@"
+        raw = json.dumps(data).replace('"@"', "[" * depth + "]" * depth).encode()
+        zk_client.create(ledger.entry_path(f"deep-{depth}"), raw)
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        records = ledger.load()
+    assert records["good"].state == good
+    assert {name for name, record in records.items() if record.state is None} == {f"deep-{d}" for d in depths}
+    said = [r.getMessage() for r in caplog.records if "nested too deep" in r.getMessage()]
+    assert sorted(said) == sorted(
+        f"zkbeat: ledger znode {ledger.entry_path(f'deep-{d}')} holds data zkbeat cannot read (JSON nested too deep); "
+        "treating it as no state"
+        for d in depths
+    ), said[:3]
+
+    leader = make_scheduler({"a": every(0.2)}, identity="leader")
+    lead(leader)
+    wait_for(lambda: leader.tick() is not None and zk_client.exists(ledger.entry_path("a")), timeout=15)

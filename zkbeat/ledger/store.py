@@ -47,7 +47,7 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import ZnodeStat
 
 from .._collector import no_collection
-from .._decode import json_object
+from .._decode import json_object, too_deep
 from ..coordination._multiread import read_many
 from ..coordination.layout import LAYOUT_DIR
 from ..exceptions import ClaimConflictError, ClaimRefusedError, FencedError
@@ -232,7 +232,7 @@ def _decode_written(raw: bytes | None) -> EntryState | None:
         data, end = _scan_json(text, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    if end != len(text) or type(data) is not dict:
+    if end != len(text) or type(data) is not dict or too_deep(raw, data):
         return None
     get = data.get
     count, epoch = get("total_run_count", 0), get("epoch")
