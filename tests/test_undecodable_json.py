@@ -16,6 +16,7 @@ import http.client
 import http.server
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -225,35 +226,48 @@ def test_health_local_reads_any_answer_of_the_metrics_port(body: bytes, capsys) 
         server.server_close()
 
 
-def test_a_ledger_entry_nested_deep_but_below_the_recursion_limit_is_no_state_and_said(
+def test_a_ledger_entry_with_a_record_nested_near_the_recursion_limit_is_read_and_said(
     make_scheduler: Callable[..., Any], zk_client: KazooClient, zk_root: str, caplog
 ) -> None:
-    """Ledger entries whose pause record is a list nested 880 to 1000 deep (json.loads reads those below its
-    recursion limit, at whatever depth of the stack it runs) are each read as no state, with a WARNING naming
-    the entry and saying "nested too deep"; the entry beside them is read, and a leader takes over and ticks.
-    Before, an entry nested just below the limit was read, and the WARNING about its pause record could not
-    format it (the repr of the record overflowed, deeper in the stack): a handler that raises on that (as
-    pytest's does) raised RecursionError out of Ledger.load, and the standard one dropped the line."""
+    """Ledger entries whose pause, 'early' or 'recent' record is a list nested 880 to 1000 deep (json.loads reads
+    those below its recursion limit less the stack it runs on, and refuses the rest): each is read as its
+    record's rule says (a pause record zkbeat cannot read still pauses, the others read as none) or, past the
+    limit, as no state, and each is named in a WARNING; the entry beside them is read, and a leader takes over
+    and ticks. Before, the WARNING about a record nested just below the limit could not format it (its repr
+    overflowed, deeper in the stack): a handler that raises on that (as pytest's does) raised RecursionError out
+    of Ledger.load, and the standard one printed a traceback instead of the line."""
     ledger = Ledger(zk_client, zk_root)
     now = datetime.now(timezone.utc)
     good = EntryState(last_run_at=now, total_run_count=1, epoch=1, updated_at=now, slot=now)
     zk_client.create(ledger.entry_path("good"), encode_state(good), makepath=True)
+    fields = ("paused", "early", "recent")
     depths = range(880, 1001, 2)
-    for depth in depths:
-        data = json.loads(encode_state(good))
-        data["paused"] = "@"
-        raw = json.dumps(data).replace('"@"', "[" * depth + "]" * depth).encode()
-        zk_client.create(ledger.entry_path(f"deep-{depth}"), raw)
+    for field in fields:
+        for depth in depths:
+            data = json.loads(encode_state(good))
+            data[field] = "@"
+            raw = json.dumps(data).replace('"@"', "[" * depth + "]" * depth).encode()
+            zk_client.create(ledger.entry_path(f"{field}-{depth}"), raw)
     with caplog.at_level(logging.WARNING, logger="zkbeat"):
         records = ledger.load()
     assert records["good"].state == good
-    assert {name for name, record in records.items() if record.state is None} == {f"deep-{d}" for d in depths}
-    said = [r.getMessage() for r in caplog.records if "nested too deep" in r.getMessage()]
-    assert sorted(said) == sorted(
-        f"zkbeat: ledger znode {ledger.entry_path(f'deep-{d}')} holds data zkbeat cannot read (JSON nested too deep); "
-        "treating it as no state"
-        for d in depths
-    ), said[:3]
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    read = 0
+    for field in fields:
+        for depth in depths:
+            state = records[f"{field}-{depth}"].state
+            if state is None:  # nested past what json.loads reads here
+                assert (
+                    f"{ledger.entry_path(f'{field}-{depth}')} holds data zkbeat cannot read (JSON nested too deep)"
+                    in said
+                )
+                continue
+            read += 1
+            assert (state.last_run_at, state.early, state.recent) == (now, (), ())
+            assert (state.paused is not None) == (field == "paused"), state
+    assert read, "no entry was nested below the recursion limit: the test tested nothing"
+    for what in ("a pause record", "an 'early' record", "a 'recent' runs record"):
+        assert re.search(rf"holds {re.escape(what)} zkbeat cannot read \(\[+\.\.\.\]+\)", said), said[-2000:]
 
     leader = make_scheduler({"a": every(0.2)}, identity="leader")
     lead(leader)
