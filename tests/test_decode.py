@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.undecodable import UNDECODABLE
-from zkbeat._decode import json_object
+from zkbeat._decode import MAX_DEPTH, json_object
 
 
 @pytest.mark.parametrize("raw", list(UNDECODABLE.values()), ids=list(UNDECODABLE))
@@ -35,3 +35,26 @@ def test_a_json_object_is_returned() -> None:
     for _ in range(49):
         nested = nested[0]
     assert nested == []
+
+
+def _nested(depth: int, opener: bytes = b"[") -> bytes:
+    """An object whose deepest value is ``depth`` containers down (the object itself is the first)."""
+    if opener == b"[":
+        return b'{"a": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+    return b'{"a": ' + b'{"k": ' * (depth - 1) + b"0" + b"}" * (depth - 1) + b"}"
+
+
+@pytest.mark.parametrize("opener", [b"[", b"{"])
+def test_nesting_past_max_depth_is_refused_however_far_below_the_recursion_limit(opener: bytes) -> None:
+    """JSON nested MAX_DEPTH containers deep is read; one deeper (and 900 deep, which json.loads reads, but which a
+    repr, a log line or a json.dumps deeper in the stack cannot turn back into text) is "nested too deep"."""
+    assert json_object(_nested(MAX_DEPTH, opener))
+    for depth in (MAX_DEPTH + 1, 900):
+        with pytest.raises(ValueError, match="nested too deep"):
+            json_object(_nested(depth, opener))
+
+
+def test_many_brackets_side_by_side_are_not_depth() -> None:
+    """Thousands of containers at one level (a long list of runs) are read: only nesting counts."""
+    raw = b'{"recent": [' + b", ".join([b'[1, {"b": []}]'] * 5000) + b"]}"
+    assert len(json_object(raw)["recent"]) == 5000

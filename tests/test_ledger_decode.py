@@ -20,12 +20,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from zkbeat._decode import json_object
+from zkbeat._decode import brief, json_object
 from zkbeat.ledger import store
 from zkbeat.ledger.history import KINDS, MAX_REPLICA, RECENT_RUNS, Run
 from zkbeat.ledger.store import EntryState, Pause, ReadAnswer, decode_answer, decode_state, encode_state
 
 # --- The reference: decode_state and its helpers as they were before the fast path (copied, not imported). ---
+# (Their log lines show a value through zkbeat._decode.brief, as the ledger's do now.)
 
 _store_log = logging.getLogger("zkbeat.ledger.store")
 _history_log = logging.getLogger("zkbeat.ledger.history")
@@ -66,7 +67,9 @@ def _ref_decode_early(value: Any) -> tuple[tuple[datetime, datetime], ...]:
             spans.append((first, last))
         return tuple(sorted(spans))
     except (TypeError, ValueError):
-        _store_log.warning("zkbeat: a ledger entry holds an 'early' record zkbeat cannot read (%r); ignoring it", value)
+        _store_log.warning(
+            "zkbeat: a ledger entry holds an 'early' record zkbeat cannot read (%s); ignoring it", brief(value)
+        )
         return ()
 
 
@@ -81,7 +84,9 @@ def _ref_decode_pause(value: Any) -> Pause | None:
             at = None
         if isinstance(by, str) and isinstance(note, str):
             return Pause(by=by, at=at, note=note)
-    _store_log.warning("zkbeat: a ledger entry holds a pause record zkbeat cannot read (%r); keeping it paused", value)
+    _store_log.warning(
+        "zkbeat: a ledger entry holds a pause record zkbeat cannot read (%s); keeping it paused", brief(value)
+    )
     return Pause(by="?", at=None, note="unreadable pause record")
 
 
@@ -107,9 +112,9 @@ def _ref_decode_runs(value: Any) -> tuple[Run, ...]:
     if type(value) is list and len(value) <= RECENT_RUNS and all(_ref_well_formed(item) for item in value):
         return tuple(Run(*item) for item in value)
     _history_log.warning(
-        "zkbeat: a ledger entry holds a 'recent' runs record zkbeat cannot read (%.200r); "
+        "zkbeat: a ledger entry holds a 'recent' runs record zkbeat cannot read (%.200s); "
         "reading it as no recent runs (the entry's state is kept)",
-        value,
+        brief(value),
     )
     return ()
 

@@ -21,8 +21,9 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from tests.support.helpers import every, wait_for
 from tests.test_shards import announced, lead_every_shard, zkbeat
+from tests.test_shards_review import Loop
 from zkbeat.conf import read_settings
-from zkbeat.coordination.shards import unready_path
+from zkbeat.coordination.shards import MAX_WHY, unready_path
 from zkbeat.ops.dashboard.model import ClusterModel
 
 
@@ -115,3 +116,64 @@ def test_with_one_shard_status_reads_no_unready_listing(make_scheduler, zk_clien
     found = zkbeat(leader, "status", "--json")
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["unready"] == [], found.stdout
+
+
+def test_a_mark_s_reason_is_written_cut_to_its_cap_however_long_it_is(
+    make_scheduler, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A reason of 2 MB (an exception's text, the repr of a big row) is written cut to MAX_WHY characters, ending in
+    an ellipsis: the mark is there for every replica, and the replica's connection stays up. Before, the 2 MB
+    create was past ZooKeeper's jute.maxbuffer: the server dropped the connection at each pass, and no mark was
+    ever written."""
+    settings = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler({"a": every(1)}, identity="leader", **settings)
+    lead_every_shard(leader)  # leads both shards, never ticking: nothing unmarks the replica below
+    replica = make_scheduler({"a": every(1)}, identity="r", **settings)
+    replica.schedule_readable = lambda: False
+    states: list[str] = []
+    replica.zk_client.add_listener(states.append)
+    huge = "cannot read the schedule: " + "x" * 2_000_000
+    replica._fair_share.mark_unready(huge)
+    mark = f"{unready_path(zk_root)}/{replica._replica}"
+    with Loop(replica):
+        wait_for(lambda: zk_client.exists(mark), timeout=30, message=lambda: f"no unready mark; states {states}")
+        why = json.loads(zk_client.get(mark)[0])["why"]
+        assert "SUSPENDED" not in states, states
+    assert why == huge[: MAX_WHY - 1] + "…", why[:80]
+
+
+def test_status_and_the_dashboard_show_a_stranger_s_long_reason_cut_to_the_cap(
+    make_scheduler, zk_server, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A mark another writer left (an older release, a tool) with a reason of 900 kB, under ZooKeeper's limit:
+    `zkbeat status`, its --json and the dashboard's model each show it cut to MAX_WHY characters. Before, the
+    whole 900 kB went into each."""
+    settings = {"zkbeat_shards": 2, "beat_max_loop_interval": 0.2}
+    leader = make_scheduler({"a": every(1)}, identity="leader", **settings)
+    lead_every_shard(leader)
+    wait_for(lambda: announced(leader, 2), timeout=30)
+    long = "row " + "y" * 900_000
+    zk_client.create(f"{unready_path(zk_root)}/{'a' * 32}", json.dumps({"why": long}).encode(), makepath=True)
+    cut = long[: MAX_WHY - 1] + "…"
+
+    shown = zkbeat(leader, "status")
+    assert shown.returncode == 0, shown.stderr
+    said = [line for line in shown.stdout.splitlines() if line.startswith("not ready to lead")]
+    assert len(said) == 1 and f": {cut}, since " in said[0], said[0][:400]
+    found = zkbeat(leader, "status", "--json")
+    assert found.returncode == 0, found.stderr
+    assert [mark["why"] for mark in json.loads(found.stdout)["unready"]] == [cut]
+
+    client = KazooClient(zk_server.hosts)
+    client.start(timeout=15)
+    model = ClusterModel(
+        client, read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, **settings}, None)
+    )
+    model.start()
+    try:
+        wait_for(lambda: model.snapshot().get("unready"), timeout=30)
+        assert [mark["why"] for mark in model.snapshot()["unready"]] == [cut]
+    finally:
+        model.stop()
+        client.stop()
+        client.close()

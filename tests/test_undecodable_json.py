@@ -16,8 +16,10 @@ import http.client
 import http.server
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ from zkbeat.conf import read_settings
 from zkbeat.coordination.election import LeaderElection, request_step_down
 from zkbeat.coordination.shards import election_path
 from zkbeat.ledger import controls
+from zkbeat.ledger.store import EntryState, Ledger, encode_state
 from zkbeat.ops.cli import Target, _check_local
 from zkbeat.ops.dashboard.model import ClusterModel
 from zkbeat.ops.dashboard.server import DashboardServer
@@ -221,3 +224,51 @@ def test_health_local_reads_any_answer_of_the_metrics_port(body: bytes, capsys) 
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_ledger_entry_with_a_record_nested_near_the_recursion_limit_is_read_and_said(
+    make_scheduler: Callable[..., Any], zk_client: KazooClient, zk_root: str, caplog
+) -> None:
+    """Ledger entries whose pause, 'early' or 'recent' record is a list nested 880 to 1000 deep (json.loads reads
+    those below its recursion limit less the stack it runs on, and refuses the rest): each is read as its
+    record's rule says (a pause record zkbeat cannot read still pauses, the others read as none) or, past the
+    limit, as no state, and each is named in a WARNING; the entry beside them is read, and a leader takes over
+    and ticks. Before, the WARNING about a record nested just below the limit could not format it (its repr
+    overflowed, deeper in the stack): a handler that raises on that (as pytest's does) raised RecursionError out
+    of Ledger.load, and the standard one printed a traceback instead of the line."""
+    ledger = Ledger(zk_client, zk_root)
+    now = datetime.now(timezone.utc)
+    good = EntryState(last_run_at=now, total_run_count=1, epoch=1, updated_at=now, slot=now)
+    zk_client.create(ledger.entry_path("good"), encode_state(good), makepath=True)
+    fields = ("paused", "early", "recent")
+    depths = range(880, 1001, 2)
+    for field in fields:
+        for depth in depths:
+            data = json.loads(encode_state(good))
+            data[field] = "@"
+            raw = json.dumps(data).replace('"@"', "[" * depth + "]" * depth).encode()
+            zk_client.create(ledger.entry_path(f"{field}-{depth}"), raw)
+    with caplog.at_level(logging.WARNING, logger="zkbeat"):
+        records = ledger.load()
+    assert records["good"].state == good
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    read = 0
+    for field in fields:
+        for depth in depths:
+            state = records[f"{field}-{depth}"].state
+            if state is None:  # nested past what json.loads reads here
+                assert (
+                    f"{ledger.entry_path(f'{field}-{depth}')} holds data zkbeat cannot read (JSON nested too deep)"
+                    in said
+                )
+                continue
+            read += 1
+            assert (state.last_run_at, state.early, state.recent) == (now, (), ())
+            assert (state.paused is not None) == (field == "paused"), state
+    assert read, "no entry was nested below the recursion limit: the test tested nothing"
+    for what in ("a pause record", "an 'early' record", "a 'recent' runs record"):
+        assert re.search(rf"holds {re.escape(what)} zkbeat cannot read \(\[+\.\.\.\]+\)", said), said[-2000:]
+
+    leader = make_scheduler({"a": every(0.2)}, identity="leader")
+    lead(leader)
+    wait_for(lambda: leader.tick() is not None and zk_client.exists(ledger.entry_path("a")), timeout=15)

@@ -7,14 +7,29 @@ UnicodeDecodeError, text that is not JSON ValueError, valid JSON nested past
 Python's recursion limit RecursionError, and JSON of the wrong shape (a list,
 a number, null where an object belongs) nothing, until its reader calls
 ``.get`` on it. :func:`json_object` turns every one of them into ValueError.
+
+It also refuses JSON nested deeper than :data:`MAX_DEPTH`. json.loads reads
+nesting up to its recursion limit less the caller's stack (900 deep, say),
+but such a value cannot be turned back into text deeper in the stack: the
+repr in a log line (logging formats it some ten frames down) or a
+json.dumps raises RecursionError there. zkbeat writes nothing nested more
+than a few levels, so the cap is far from its own data; and it costs one
+pass over the bytes, and a walk only of data holding more than MAX_DEPTH
+brackets. Where a reader does not go through json_object (the ledger's
+fast decode, zkbeat.ledger.store) a value it cannot read is logged with
+:func:`brief`, which never goes deeper than a few levels.
 """
 
 from __future__ import annotations
 
 import json
+import reprlib
 from typing import Any
 
-__all__ = ["json_object"]
+__all__ = ["json_object", "brief", "MAX_DEPTH"]
+
+#: Containers deepest a JSON value may nest (an object holding a list is 2); zkbeat's own data nests 3 or so.
+MAX_DEPTH = 64
 
 
 def json_object(raw: bytes | None, *, empty_ok: bool = False) -> dict[str, Any]:
@@ -37,6 +52,42 @@ def json_object(raw: bytes | None, *, empty_ok: bool = False) -> dict[str, Any]:
         raise ValueError("JSON nested too deep") from None
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
+    if _too_deep(raw, data):
+        raise ValueError("JSON nested too deep")
     if not isinstance(data, dict):
         raise ValueError(f"not a JSON object but {type(data).__name__ if data is not None else 'null'}")
     return data
+
+
+def _too_deep(raw: bytes, value: Any) -> bool:
+    """Whether ``value``, decoded from ``raw``, nests more than MAX_DEPTH containers.
+
+    Looked into only if ``raw`` holds more than MAX_DEPTH opening brackets
+    (each level needs one; one in a string only counts for more): what
+    zkbeat writes holds a dozen or so.
+    """
+    if len(raw) - len(raw.translate(None, b"[{")) <= MAX_DEPTH:  # one pass; two counts cost half again
+        return False
+    stack = [(value, 1)]  # a loop, not recursion: the point is not to need the stack
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        for child in node.values() if type(node) is dict else node if type(node) is list else ():
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 4, 12, 8, 80, 80
+
+
+def brief(value: Any) -> str:
+    """A repr of ``value`` for a log line: at most 4 levels deep and a few hundred characters.
+
+    For data anyone may have written (JSON nested hundreds deep, a huge
+    string): ``%r`` of it could overflow the stack inside logging (the line
+    lost, or RecursionError where a handler re-raises) or flood the log.
+    """
+    return _BRIEF.repr(value)

@@ -96,6 +96,8 @@ __all__ = [
     "election_path",
     "handover_path",
     "unready_path",
+    "cap_why",
+    "MAX_WHY",
     "list_unready",
     "Move",
     "rebalance",
@@ -117,6 +119,10 @@ SETTLE_TIME = 2.0
 #: not load, it refused to lead, its loop stalled) is handed no other by this one: not a shard a few
 #: seconds after each time it steps aside, for as long as it cannot lead.
 FAILED_TARGET_TIME = 300.0
+#: Characters of an unready mark's reason, as written and as read (longer: cut, ending in "…"). A reason
+#: may be an exception's text; one of megabytes would be past ZooKeeper's jute.maxbuffer (1 MiB by
+#: default: the server drops the connection, and no mark is ever written) and would flood `zkbeat status`.
+MAX_WHY = 300
 #: What a replica id is (uuid4 hex): a child of the unready listing named otherwise is a stranger's, ignored.
 _REPLICA_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -188,6 +194,11 @@ def election_path(root: str, shard: int = 0, shards: int = 1) -> str:
 def handover_path(root: str, shard: int = 0, shards: int = 1) -> str:
     """Where the broker handover of ``shard`` of ``shards`` asks its question (zkbeat.coordination.broker_handover)."""
     return f"{_base(root, shard, shards)}/handover"
+
+
+def cap_why(why: str) -> str:
+    """``why`` as a mark holds it: at most MAX_WHY characters, the last an ellipsis where it was cut."""
+    return why if len(why) <= MAX_WHY else why[: MAX_WHY - 1] + "…"
 
 
 def unready_path(root: str) -> str:
@@ -412,8 +423,8 @@ class FairShare:
         return others | {self.me} if self.unready_why is not None else others
 
     def mark_unready(self, why: str) -> None:
-        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it)."""
-        self.unready_why = why
+        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it); ``why`` cut to MAX_WHY."""
+        self.unready_why = cap_why(why)
 
     def mark_ready(self) -> None:
         """Say that this replica can lead again (:meth:`keep_mark` deletes the mark)."""

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from celery import beat
 
+from .._decode import brief
 from ..conf import MAX_RECENT_RUNS
 from ..ticking.ticks import slot_after
 
@@ -233,9 +234,9 @@ def decode_runs(value: Any) -> tuple[Run, ...]:
         else:
             return tuple(map(_run_of_list, value))
     logger.warning(
-        "zkbeat: a ledger entry holds a 'recent' runs record zkbeat cannot read (%.200r); "
+        "zkbeat: a ledger entry holds a 'recent' runs record zkbeat cannot read (%.200s); "
         "reading it as no recent runs (the entry's state is kept)",
-        value,
+        brief(value),
     )
     return ()
 

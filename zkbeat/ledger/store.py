@@ -47,7 +47,7 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import ZnodeStat
 
 from .._collector import no_collection
-from .._decode import json_object
+from .._decode import brief, json_object
 from ..coordination._multiread import read_many
 from ..coordination.layout import LAYOUT_DIR
 from ..exceptions import ClaimConflictError, ClaimRefusedError, FencedError
@@ -183,7 +183,9 @@ def _decode_early(value: Any) -> tuple[tuple[datetime, datetime], ...]:
             spans.append((first, last))
         return tuple(sorted(spans))
     except (TypeError, ValueError):
-        logger.warning("zkbeat: a ledger entry holds an 'early' record zkbeat cannot read (%r); ignoring it", value)
+        logger.warning(
+            "zkbeat: a ledger entry holds an 'early' record zkbeat cannot read (%s); ignoring it", brief(value)
+        )
         return ()
 
 
@@ -199,7 +201,9 @@ def _decode_pause(value: Any) -> Pause | None:
             at = None
         if isinstance(by, str) and isinstance(note, str):
             return Pause(by=by, at=at, note=note)
-    logger.warning("zkbeat: a ledger entry holds a pause record zkbeat cannot read (%r); keeping it paused", value)
+    logger.warning(
+        "zkbeat: a ledger entry holds a pause record zkbeat cannot read (%s); keeping it paused", brief(value)
+    )
     return Pause(by="?", at=None, note="unreadable pause record")
 
 

@@ -371,7 +371,11 @@ def _mark_data(raw: bytes | None) -> dict[str, Any]:
 
 
 def _mark(replica: str, data: dict[str, Any]) -> UnreadyMark:
-    """A mark's JSON ({why, since, identity, host, pid}; earlier releases wrote why and since), read leniently."""
+    """A mark's JSON ({why, since, identity, host, pid}; earlier releases wrote why and since), read leniently.
+
+    ``why`` is cut to MAX_WHY characters as zkbeat writes it: an older release or a stranger may have left
+    one of up to 1 MiB, which would flood the report and the dashboard.
+    """
     why, since, pid = data.get("why"), data.get("since"), data.get("pid")
     stamp = None
     if isinstance(since, (int, float)) and not isinstance(since, bool):
@@ -382,7 +386,7 @@ def _mark(replica: str, data: dict[str, Any]) -> UnreadyMark:
     identity, host = data.get("identity"), data.get("host")
     return UnreadyMark(
         replica=replica,
-        why=why if isinstance(why, str) else "unknown",
+        why=_shards.cap_why(why) if isinstance(why, str) else "unknown",  # any writer's: cut to MAX_WHY
         since=stamp,
         identity=identity if isinstance(identity, str) else None,
         host=host if isinstance(host, str) else None,
