@@ -44,6 +44,7 @@ __all__ = [
     "guard_retries",
     "forget",
     "beat_connection",
+    "load_transport",
     "probe",
     "PROBE_TIMEOUT",
 ]
@@ -264,6 +265,23 @@ def beat_connection(app: Any) -> Any:
 
 #: Settings of the user's that beat_connection has warned about (once per process).
 _warned: set[str] = set()
+
+
+def load_transport(app: Any) -> None:
+    """Have kombu import the transport of beat's broker now (it keeps the class), not in a leader's first pass.
+
+    Importing kombu's Redis transport and redis-py takes tens of
+    milliseconds: in a new leader's first pass, every due tick waited for
+    it. The connection made here is an object only (kombu opens nothing
+    until it is used) and is dropped. A transport kombu cannot load (an
+    unknown scheme, a missing client library) is not reported here: kombu
+    keeps no class for it, so the leader's pass meets the same error making
+    beat's connection, and handles it as before (an unexpected error).
+    """
+    try:
+        app.connection_for_write().get_transport_cls()
+    except Exception:  # noqa: BLE001, S110 - the first pass that needs it reports it
+        pass
 
 
 def forget(scheduler: Any) -> None:

@@ -30,6 +30,7 @@ from ..coordination.liveness import Beacon, Watcher, default_host
 from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
 from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path, unready_path
 from ..ledger.store import Ledger
+from .broker import load_transport
 from .broker import probe as probe_broker
 from .term import SIGNAL_HOLD_LIMIT
 from .wakeup import Wakeup
@@ -118,6 +119,8 @@ class Replica:
         self.zk_client.start_async()
         for election in elections:
             election.start()
+        # While ZooKeeper answers: the first pass that leads publishes without importing it.
+        load_transport(self.app)
         self.metrics.serve()
 
     def _join_shard(self, data: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ so a run recorded by someone else is never overwritten blindly.
 from __future__ import annotations
 
 import json
+import json.encoder
 import json.scanner
 import logging
 from collections.abc import Callable, Iterable
@@ -51,7 +52,7 @@ from .._decode import brief, json_object
 from ..coordination._multiread import read_many
 from ..coordination.layout import LAYOUT_DIR
 from ..exceptions import ClaimConflictError, ClaimRefusedError, FencedError
-from .history import Run, decode_runs, encode_runs, encoded_bytes
+from .history import RECENT_RUNS, Run, decode_runs, encode_runs, encoded_bytes
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -152,6 +153,67 @@ class Pause:
 
 
 def encode_state(state: EntryState) -> bytes:
+    """A ledger znode's JSON: the state's fields, keys sorted, as ``json.dumps(..., sort_keys=True)`` writes them.
+
+    Every claim encodes the state of each entry it claims: the shape claims
+    write (no pause, no early spans) takes a fast path that writes the same
+    bytes (tests/test_ledger_encode.py holds the encoder before it as the
+    reference); anything else, json.dumps.
+    """
+    written = _encode_claimed(state)
+    return written if written is not None else _encode_any(state)
+
+
+#: json.dumps's own string encoder (ensure_ascii: every character past ASCII escaped), in C where json has it.
+_quote = json.encoder.encode_basestring_ascii
+
+
+def _time_json(value: Any) -> str | None:
+    """JSON of ``_iso(value)`` for None or a plain datetime; None for anything else (the general path decides)."""
+    if value is None:
+        return "null"
+    if type(value) is not datetime:
+        return None
+    # A datetime's isoformat is ASCII with nothing JSON escapes; one in UTC already is its own astimezone(UTC).
+    return f'"{value.isoformat()}"' if value.tzinfo is _UTC else f'"{_iso(value)}"'
+
+
+def _encode_claimed(state: EntryState) -> bytes | None:
+    """encode_state's bytes for the shape claims write, without json.dumps; None for any other shape.
+
+    Only plain types are taken (an int, not a bool; a str; a datetime, not a
+    subclass; runs that are Runs of ints and strs), so each value's text is
+    the one json.dumps writes for it, and the keys are written in sorted order.
+    """
+    if state.paused is not None or state.early:
+        return None
+    count, epoch, manual, recent = state.total_run_count, state.epoch, state.manual, state.recent
+    if type(count) is not int or not (epoch is None or type(epoch) is int) or type(recent) is not tuple:
+        return None
+    if not (manual is None or type(manual) is str):
+        return None
+    # In the order the general path reads them: a time that overflows in UTC raises where it did.
+    last_run_at, updated_at, slot = _time_json(state.last_run_at), _time_json(state.updated_at), _time_json(state.slot)
+    if last_run_at is None or updated_at is None or slot is None:
+        return None
+    text = f'{{"epoch": {"null" if epoch is None else epoch}, "last_run_at": {last_run_at}'
+    if manual is not None:
+        text += f', "manual": {_quote(manual)}'
+    if recent:
+        runs = []
+        for run in recent[:RECENT_RUNS]:
+            if type(run) is not Run:
+                return None
+            slot_ms, late_ms, replica, run_epoch, kind = run
+            if not (type(slot_ms) is type(late_ms) is type(run_epoch) is int and type(replica) is type(kind) is str):
+                return None
+            runs.append(f"[{slot_ms}, {late_ms}, {_quote(replica)}, {run_epoch}, {_quote(kind)}]")
+        text += f', "recent": [{", ".join(runs)}]'
+    return f'{text}, "slot": {slot}, "total_run_count": {count}, "updated_at": {updated_at}}}'.encode()
+
+
+def _encode_any(state: EntryState) -> bytes:
+    """Any state, through json.dumps."""
     data: dict[str, Any] = {
         "last_run_at": _iso(state.last_run_at),
         "total_run_count": state.total_run_count,
