@@ -3,7 +3,7 @@
 A term is created when the replica becomes leader under an epoch and
 dropped when it stops leading, so nothing one term learnt (entry versions,
 the broker's state) can mislead the next. It runs the leader's part of a
-pass: plan the due ticks, claim them in one fenced ledger transaction,
+pass: plan the due ticks, claim them in fenced ledger transactions of a part each,
 publish what committed, withdraw what the broker could not take, re-read
 what someone else wrote.
 
@@ -499,7 +499,7 @@ class Term:
         self.backlog.new_pass()
 
     def run(self, dues: list[Due]) -> list[Requeue]:
-        """Claim the due entries in one fenced transaction, publish what committed.
+        """Claim the due entries in fenced parts (:meth:`_claim_and_publish`), publish what committed.
 
         The caller settles pending claims first. Returns what goes back on
         beat's heap. ZooKeeper errors propagate (after the claims they may
