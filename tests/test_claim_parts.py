@@ -8,6 +8,8 @@ never claimed.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -173,4 +175,49 @@ def test_a_broker_gone_at_a_part_leaves_the_parts_after_the_next_unclaimed_and_p
 
     monkeypatch.setattr(publisher_module.Publisher, "publish_many", real_publish_many)
     wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
+    once_each(published)
+
+
+def test_a_signal_just_after_a_parts_answer_leaves_its_ticks_pending_not_lost(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (past its hold limit) the moment part one's answer is in, before the pass notes what committed.
+
+    Beat's handler raises between any two lines of the loop. Part one
+    committed: its ticks are pending (close() writes them back), never
+    recorded as run and left unpublished.
+    """
+    first = make_scheduler(due_at_once)
+    lead(first)
+    code = term_module.Term._claim_and_publish.__code__
+    source, start = inspect.getsourcelines(term_module.Term._claim_and_publish)
+    line = start + next(i for i, text in enumerate(source) if "result.committed.update(part_result.committed)" in text)
+    fired: list[int] = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(line)
+            raise Terminated  # what beat's SIGTERM handler raises once the hold limit is past
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    sys.settrace(calls)
+    try:
+        with pytest.raises(Terminated):
+            wait_for(lambda: first.tick() is not None and False, timeout=15)
+    finally:
+        sys.settrace(None)
+    assert fired and published.headers == []
+    claimed = [name for name, version in versions(zk_client, first.ledger, NAMES).items() if version is not None]
+    assert claimed, "part one's claim did not commit"
+    assert first.term is not None and set(claimed) <= set(first.term.pending), (
+        f"committed but neither published nor pending: {sorted(set(claimed) - set(first.term.pending))}"
+    )
+    first.close()
+
+    second = make_scheduler(due_at_once, identity="second")
+    lead(second)
+    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
     once_each(published)

@@ -610,8 +610,8 @@ class Term:
                 in_flight = self._start_claim(parts[0])
                 for index, part in enumerate(parts):
                     part_result, error, uncertain = self._claim_result(in_flight)
-                    claiming = None
                     result.committed.update(part_result.committed)
+                    claiming = None  # only now: a signal in between would leave its committed ticks nowhere
                     result.written.update(part_result.written)
                     following = parts[index + 1] if index + 1 < len(parts) else None
                     if following is not None and error is None and not self.broker_down:
