@@ -19,6 +19,8 @@ from tests.support.helpers import Published, every, intercept_claims, lead, wait
 from tests.support.signals import Terminated
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
+from zkbeat.ledger import clock
+from zkbeat.ledger.store import Claim, EntryState, Ledger
 
 PART = 4
 NAMES = [f"e{i}" for i in range(10)]  # parts of 4, 4 and 2
@@ -80,6 +82,12 @@ def test_the_next_part_is_claimed_before_this_part_is_published(
     second_claim = [index for index, (kind, _) in enumerate(events) if kind == "claim"][1]
     assert second_claim < first_publish, f"part two was claimed only after part one went out: {events}"
     assert [name for kind, name in events[first_publish : first_publish + 4] if kind == "publish"] == claims[0]
+    # Part three is sent only once part one's messages are out: one part claimed ahead, never two (at most 500 at risk).
+    third_claim = [index for index, (kind, _) in enumerate(events) if kind == "claim"][2]
+    last_of_part_one = max(
+        index for index, (kind, name) in enumerate(events) if kind == "publish" and name in claims[0]
+    )
+    assert last_of_part_one < third_claim, f"part three was claimed before part one went out: {events}"
 
 
 def test_a_part_fenced_off_stops_the_pass_and_the_next_leader_publishes_the_rest_once(
@@ -221,3 +229,47 @@ def test_a_signal_just_after_a_parts_answer_leaves_its_ticks_pending_not_lost(
     lead(second)
     wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
     once_each(published)
+
+
+def test_the_clock_offset_is_not_measured_across_the_sends_of_the_part_before(
+    make_scheduler, published: Published, zk_client, zk_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part's answer read only after the part before went out does not count the sends as clock skew.
+
+    The leader measures its clock against ZooKeeper's from each claim's
+    commit time and its clock when it reads the answer. Part two's answer
+    is read after part one's messages went out, which here take 30 s by
+    this replica's clock (shifted, so the test waits for nothing); the
+    offset must not grow by them: it decides which ledger times are trusted
+    and estimates ZooKeeper's time of a claim that only created znodes.
+    """
+    monkeypatch.setattr(term_module, "CLAIM_PART", PART)
+    names = NAMES[: 2 * PART]  # two parts
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    ledger = Ledger(zk_client, zk_root)
+    ledger.ensure()
+    # Known to the ledger already: the claims write over them, and ZooKeeper's answer carries its time.
+    assert ledger.claim([Claim(name, EntryState(last_run_at=long_ago)) for name in names], None).error is None
+    scheduler = make_scheduler({name: every(3600, last_run_at=long_ago) for name in names})
+    lead(scheduler)
+    shift = [0.0]
+
+    class Shifted(datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return datetime.now(tz) + timedelta(seconds=shift[0])
+
+    monkeypatch.setattr(term_module, "datetime", Shifted)
+    real_publish_many = publisher_module.Publisher.publish_many
+
+    def slow_sends(self, sends, producer, writing):
+        sent = real_publish_many(self, sends, producer, writing)
+        shift[0] += 30.0  # the sends of this part took 30 s
+        return sent
+
+    monkeypatch.setattr(publisher_module.Publisher, "publish_many", slow_sends)
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(names), timeout=15)
+    assert sorted(published.entries()) == names
+    term = scheduler.term
+    assert term is not None
+    assert abs(term.clock_offset) < clock.LEDGER_TOLERANCE, f"measured offset {term.clock_offset:.1f}s"

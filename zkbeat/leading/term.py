@@ -609,7 +609,7 @@ class Term:
             try:
                 in_flight = self._start_claim(parts[0])
                 for index, part in enumerate(parts):
-                    part_result, error, uncertain = self._claim_result(in_flight)
+                    part_result, error, uncertain = self._claim_result(in_flight, timed=index == 0)
                     result.committed.update(part_result.committed)
                     claiming = None  # only now: a signal in between would leave its committed ticks nowhere
                     result.written.update(part_result.written)
@@ -707,13 +707,22 @@ class Term:
         """The fenced claim of ``ticks``, sent to ZooKeeper; :meth:`_claim_result` waits for its answer."""
         return self.ledger.start_claim([tick.claim for tick in ticks], self.fence.candidate)
 
-    def _claim_result(self, in_flight: ClaimInFlight) -> tuple[ClaimResult, BaseException | None, bool]:
-        """The fenced claim's answer: (what committed, why the rest did not, whether that is unknown)."""
+    def _claim_result(
+        self, in_flight: ClaimInFlight, timed: bool = True
+    ) -> tuple[ClaimResult, BaseException | None, bool]:
+        """The fenced claim's answer: (what committed, why the rest did not, whether that is unknown).
+
+        ``timed``: the answer was waited for as soon as the claim was sent,
+        so this replica's clock now is ZooKeeper's time of the commit plus
+        the offset (and a round trip). A part's claim answered while the
+        part before went out is not: its answer may have waited for as long
+        as the sends took, which is no skew.
+        """
         try:
             result = in_flight.result()
         except UNCERTAIN as exc:
             return ClaimResult(committed=dict(getattr(exc, "committed", {}))), exc, True
-        if result.written:  # ZooKeeper's time of the commit, just now: this replica's offset from it
+        if result.written and timed:  # ZooKeeper's time of the commit, just now: this replica's offset from it
             self.clock_offset = (datetime.now(timezone.utc) - max(result.written.values())).total_seconds()
         self.metrics.claims("committed", len(result.committed))
         if result.error is not None:
