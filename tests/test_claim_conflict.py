@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, every, intercept_claims, lead, wait_for
 from zkbeat.ledger.store import Claim, encode_state
 
 
@@ -21,7 +21,6 @@ def write_before_the_claim(scheduler, zk_client: KazooClient, monkeypatch: pytes
 
     ``write(claim)`` gives the bytes to write. Returns the claim it came before (in a list, once it has).
     """
-    real = scheduler.ledger.claim
     seen: list[Claim] = []
 
     def claim(claims, fence):
@@ -31,7 +30,7 @@ def write_before_the_claim(scheduler, zk_client: KazooClient, monkeypatch: pytes
             zk_client.set(scheduler.ledger.entry_path(name), write(mine))
         return real(claims, fence)
 
-    monkeypatch.setattr(scheduler.ledger, "claim", claim)
+    real = intercept_claims(scheduler.ledger, monkeypatch, claim)
     return seen
 
 

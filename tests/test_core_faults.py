@@ -19,7 +19,7 @@ from kazoo.exceptions import ConnectionLoss
 from kazoo.security import ACL, Id, Permissions, make_digest_acl
 from kombu.exceptions import OperationalError
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, every, intercept_claims, lead, stop_intercepting, wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer, ZooKeeperServer
 from tests.support.signals import Terminated, sigterm_raises
@@ -123,16 +123,15 @@ def test_a_claim_whose_reply_was_lost_is_withdrawn_when_its_replica_stops(
     """A landed claim still pending when its replica shuts down is written back, so the next leader publishes it."""
     first = make_scheduler({"tidy": every(1)}, beat_max_loop_interval=1)
     lead(first)
-    real = first.ledger.claim
     lost: list[datetime] = []
 
     def claim_and_lose_the_reply(claims, fence):
         real(claims, fence)
-        monkeypatch.setattr(first.ledger, "claim", real)
+        stop_intercepting(first.ledger, monkeypatch)
         lost.append(claims[0].state.slot)
         raise ConnectionLoss("reply lost (test)")
 
-    monkeypatch.setattr(first.ledger, "claim", claim_and_lose_the_reply)
+    real = intercept_claims(first.ledger, monkeypatch, claim_and_lose_the_reply)
     with caplog.at_level(logging.INFO, logger="zkbeat"):
         wait_for(lambda: first.tick() is not None and lost, timeout=10)
         assert first._pending

@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kombu.exceptions import OperationalError
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, every, intercept_claims, lead, stop_intercepting, wait_for
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
 
@@ -99,7 +99,6 @@ def test_a_lost_reply_then_a_broker_outage_neither_loses_nor_doubles_the_tick(
     tick_until(scheduler, lambda: published.entries().count("tidy") >= 1)
     ledger = scheduler.ledger
     count_before = ledger.load(["tidy"])["tidy"].state.total_run_count
-    real_claim = ledger.claim
     lost: list = []
 
     def claim_then_lose_the_reply(claims, fence):
@@ -109,11 +108,11 @@ def test_a_lost_reply_then_a_broker_outage_neither_loses_nor_doubles_the_tick(
             raise ConnectionLoss("reply lost (test)")
         return result
 
-    monkeypatch.setattr(ledger, "claim", claim_then_lose_the_reply)
+    real_claim = intercept_claims(ledger, monkeypatch, claim_then_lose_the_reply)
     with caplog.at_level(logging.INFO, logger="zkbeat"):
         tick_until(scheduler, lambda: bool(lost))
         assert scheduler.term is None and scheduler._pending, "the claim is kept pending across terms"
-        monkeypatch.setattr(ledger, "claim", real_claim)
+        stop_intercepting(ledger, monkeypatch)
         # The partition that lost the reply cuts the broker too: kombu cannot
         # reach it when the replica leads again, and then can.
         real_wait = publisher_module.wait_for_broker

@@ -604,13 +604,13 @@ def test_entry_someone_else_made_read_only_is_survived(
     scheduler._idle = lambda interval: interval  # tick() returns the sleep it wants instead of waiting it out
     lead(scheduler)
     claims: list[object] = []
-    claim = scheduler.ledger.claim
+    start_claim = scheduler.ledger.start_claim  # a leader's claims, each sent this way (Ledger.claim too)
 
     def counting_claim(*args, **kwargs):
         claims.append(args)
-        return claim(*args, **kwargs)
+        return start_claim(*args, **kwargs)
 
-    scheduler.ledger.claim = counting_claim
+    scheduler.ledger.start_claim = counting_claim
     delays = []
 
     def refused_three_times() -> bool:

@@ -6,11 +6,13 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from celery.signals import after_task_publish
 
 from zkbeat.coordination.shards import shard_of
+from zkbeat.ledger.store import ClaimInFlight
 
 T = TypeVar("T")
 
@@ -122,22 +124,55 @@ def connected(signal: Any, receiver: Callable[..., Any]) -> Iterator[None]:
         signal.disconnect(receiver)
 
 
+class _Answer:
+    """A claim in flight whose answer is worked out when the leader waits for it (see :func:`intercept_claims`)."""
+
+    def __init__(self, claims: Any, answer: Callable[[], Any]) -> None:
+        self.claims = claims
+        self._answer = answer
+
+    def result(self) -> Any:
+        return self._answer()
+
+
+def intercept_claims(ledger: Any, monkeypatch: Any, claim: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Answer every claim on ``ledger`` with ``claim(claims, fence)``; returns the real claim for it to call.
+
+    A leader sends its claims with ``Ledger.start_claim`` and waits with
+    ``result()`` (``Ledger.claim`` does both), so ``claim`` runs when the
+    answer is waited for: it may write first, commit with the real claim,
+    raise in place of the reply. ``monkeypatch.undo()`` or
+    :func:`stop_intercepting` puts the ledger back.
+    """
+
+    def real(claims: Any, fence: Any) -> Any:
+        return ClaimInFlight(ledger, claims, fence).result()
+
+    monkeypatch.setattr(ledger, "start_claim", lambda claims, fence: _Answer(claims, lambda: claim(claims, fence)))
+    return real
+
+
+def stop_intercepting(ledger: Any, monkeypatch: Any) -> None:
+    """Claims on ``ledger`` go to ZooKeeper as usual again (after :func:`intercept_claims`)."""
+    monkeypatch.setattr(ledger, "start_claim", partial(ClaimInFlight, ledger))
+
+
 def fail_next_claim(scheduler: Any, monkeypatch: Any, error: BaseException, commit: bool = True) -> list:
     """Make the scheduler's next claim raise ``error`` in place of its reply, after (or without) committing it.
 
     Returns the list the committed slots are put in. Later claims run as usual.
     """
-    original = scheduler.ledger.claim
+    ledger = scheduler.ledger
     committed: list = []
 
     def claim(claims: Any, fence: Any) -> Any:
-        monkeypatch.setattr(scheduler.ledger, "claim", original)
+        stop_intercepting(ledger, monkeypatch)
         if commit:
-            result = original(claims, fence)
+            result = real(claims, fence)
             committed.extend(c.state.slot for c in claims if c.name in result.committed)
         raise error
 
-    monkeypatch.setattr(scheduler.ledger, "claim", claim)
+    real = intercept_claims(ledger, monkeypatch, claim)
     return committed
 
 

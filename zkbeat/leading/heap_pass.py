@@ -5,8 +5,8 @@ an earlier term left pending, check the schedule's own last runs against
 the clock, run the run-now requests, rebuild the heap if the schedule
 changed, read the clock once, pop what is due (up to MAX_BATCH, each asked
 ``is_due()`` and its jitter), hand those to the term (which plans each
-tick's policy, claims them in one fenced transaction and publishes what
-committed: zkbeat.leading.term), and put everything back on the heap by
+tick's policy, claims them in fenced parts and publishes what committed,
+the next part's claim on its way meanwhile: zkbeat.leading.term), and put everything back on the heap by
 when it was due.
 
 A mixin of the scheduler (``zkbeat.LeaderScheduleMixin``): beat's heap is
@@ -30,10 +30,11 @@ __all__ = ["HeapPass", "MAX_BATCH"]
 
 logger = logging.getLogger("zkbeat.scheduler")
 
-#: Due entries claimed (and then published) per pass of the beat loop: one
-#: ledger transaction's worth, so in a burst of 10,000 the first message goes
-#: out after 1,000 claims, not 5,000, and signals are held for one transaction.
-#: A kill -9 while a batch is being sent loses the batch's unsent ticks.
+#: Due entries claimed (and then published) per pass of the beat loop: the
+#: shutdown signals are held for one pass's claims and sends, and the heap is
+#: looked at again between passes. A pass claims in parts
+#: (zkbeat.leading.term.CLAIM_PART); a kill -9 while a part is being sent loses
+#: its unsent ticks and those of the part claimed meanwhile.
 MAX_BATCH = 1000
 
 

@@ -3,7 +3,7 @@
 A term is created when the replica becomes leader under an epoch and
 dropped when it stops leading, so nothing one term learnt (entry versions,
 the broker's state) can mislead the next. It runs the leader's part of a
-pass: plan the due ticks, claim them in one fenced ledger transaction,
+pass: plan the due ticks, claim them in fenced ledger transactions of a part each,
 publish what committed, withdraw what the broker could not take, re-read
 what someone else wrote.
 
@@ -50,7 +50,7 @@ from ..ledger import clock
 from ..ledger.controls import UNKNOWN_ENTRY_PATIENCE, TriggerInbox, TriggerRequest
 from ..ledger.history import Run, add_run, kind_of
 from ..ledger.pending import PendingClaim, report_unlanded, write_back
-from ..ledger.store import ABSENT, Claim, ClaimResult, EntryState, LedgerRecord, Pause
+from ..ledger.store import ABSENT, Claim, ClaimInFlight, ClaimResult, EntryState, LedgerRecord, Pause
 from ..ticking import catchup
 from ..ticking.ticks import slot_after, tick_slot
 from ._signals import hold_shutdown_signals
@@ -75,6 +75,12 @@ RETRY_DELAY = 1.0
 #: working until TCP gives up (minutes): past this a signal goes through at
 #: once. The claims it leaves unsent are pending and written back at close().
 SIGNAL_HOLD_LIMIT = 30.0
+#: Ticks claimed per fenced transaction within a pass: while one part's
+#: messages go out, the next part's claim is on its way to ZooKeeper. Small
+#: enough that a burst's first message waits for one part's claim, large
+#: enough that a transaction's own cost (the fence's check, a round trip) is
+#: shared by many ticks.
+CLAIM_PART = 250
 #: Overdue entries re-read at most per pass while the broker is down (one multiRead; see Term._learn_pauses).
 PAUSE_READ_LIMIT = 1000
 #: Missed ticks a resume counts for its log line, at most ("more than N" beyond).
@@ -493,7 +499,7 @@ class Term:
         self.backlog.new_pass()
 
     def run(self, dues: list[Due]) -> list[Requeue]:
-        """Claim the due entries in one fenced transaction, publish what committed.
+        """Claim the due entries in fenced parts (:meth:`_claim_and_publish`), publish what committed.
 
         The caller settles pending claims first. Returns what goes back on
         beat's heap. ZooKeeper errors propagate (after the claims they may
@@ -579,38 +585,50 @@ class Term:
         return True
 
     def _claim_and_publish(self, ticks: list[_Tick], producer: Any, now: datetime, requeue: list[Requeue]) -> None:
-        """The claim and the sends under held shutdown signals; withdrawals and re-reads after them.
+        """The claims and the sends under held shutdown signals; withdrawals and re-reads after them.
 
-        Nothing that may wait on ZooKeeper beyond the claim itself runs while
-        the signals are held: withdrawing unsent ticks is one transaction
-        after the sends, and the ticks are pending until it commits, so a
-        signal in between leaves nothing lost (close() writes them back).
+        The ticks are claimed in parts of CLAIM_PART, each one fenced
+        transaction; the next part's claim is on its way to ZooKeeper while
+        this part's messages go out, and is sent only once this part's
+        committed. A part that does not commit stops the rest, as a failed
+        transaction of one claim would (the rest are put back unclaimed).
+
+        Nothing that may wait on ZooKeeper beyond the claims themselves runs
+        while the signals are held: withdrawing unsent ticks is one
+        transaction after the sends, and the ticks are pending until it
+        commits, so a signal in between leaves nothing lost (close() writes
+        them back).
         """
         unsent: list[_Tick] = []
+        parts = [ticks[start : start + CLAIM_PART] for start in range(0, len(ticks), CLAIM_PART)]
+        result = ClaimResult(committed={})
+        error: BaseException | None = None
+        uncertain = False
         with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
+            claiming: list[_Tick] | None = parts[0]  # the part whose claim's outcome is not known yet
             try:
-                result, error, uncertain = self._claim(ticks)
+                in_flight = self._start_claim(parts[0])
+                for index, part in enumerate(parts):
+                    part_result, error, uncertain = self._claim_result(in_flight, timed=index == 0)
+                    result.committed.update(part_result.committed)
+                    claiming = None  # only now: a signal in between would leave its committed ticks nowhere
+                    result.written.update(part_result.written)
+                    following = parts[index + 1] if index + 1 < len(parts) else None
+                    if following is not None and error is None and not self.broker_down:
+                        claiming = following
+                        in_flight = self._start_claim(following)
+                    self._send_part(part, part_result, error, uncertain, producer, now, requeue, unsent)
+                    if following is not None and claiming is None:
+                        self._not_claimed([tick for later in parts[index + 1 :] for tick in later], error, requeue)
+                        break
             except BaseException:
-                # A signal past the hold limit, mid-claim: whether it committed is
-                # unknown, as after a lost reply; pending, close() settles them.
-                for tick in ticks:
-                    if not tick.skip and tick.paused is None:
-                        self.pending[tick.name] = self._pending(tick)
-                raise
-            try:
-                sent = self._publish_together(ticks, result, producer)
-                for tick in ticks:
-                    version = result.committed.get(tick.name)
-                    if version is None:
-                        self._not_committed(tick, error, uncertain, requeue)
-                        continue
-                    written = result.written.get(tick.name) or self._zookeeper_now()  # creates only: estimated
-                    self.known[tick.name] = _Known(version, tick.claim.state, written)
-                    if self._finish(tick, producer, now, requeue, sent.get(tick.name)):
-                        continue
-                    self.pending[tick.name] = self._pending(tick)
-                    unsent.append(tick)
-            except BaseException:
+                if claiming is not None:
+                    # A signal past the hold limit (or a send that raised) while this
+                    # part's claim was on its way: whether it committed is unknown, as
+                    # after a lost reply; pending, close() settles them.
+                    for tick in claiming:
+                        if not tick.skip and tick.paused is None:
+                            self.pending[tick.name] = self._pending(tick)
                 self._interrupted(ticks, result)
                 raise
         if unsent:
@@ -623,6 +641,43 @@ class Term:
             self.triggers.again()
         if isinstance(error, FencedError) or uncertain:
             raise error
+
+    def _not_claimed(self, ticks: list[_Tick], error: BaseException | None, requeue: list[Requeue]) -> None:
+        """Ticks whose claim was never sent (a part before them failed, or the broker went down): put them back."""
+        for tick in ticks:
+            if error is None:  # the broker went down: the rest wait for it, unclaimed, as in Term.run
+                self._unreserve(tick)
+                if tick.request is None:
+                    requeue.append(Requeue(tick.due.entry, tick.due.priority, RETRY_DELAY))
+            else:
+                self._not_committed(tick, error, False, requeue)
+        if error is None and any(tick.request is not None for tick in ticks) and self.triggers:
+            self.triggers.again()
+
+    def _send_part(
+        self,
+        part: list[_Tick],
+        result: ClaimResult,
+        error: BaseException | None,
+        uncertain: bool,
+        producer: Any,
+        now: datetime,
+        requeue: list[Requeue],
+        unsent: list[_Tick],
+    ) -> None:
+        """Publish one part's committed ticks; put back (or keep pending) the rest of the part."""
+        sent = self._publish_together(part, result, producer)
+        for tick in part:
+            version = result.committed.get(tick.name)
+            if version is None:
+                self._not_committed(tick, error, uncertain, requeue)
+                continue
+            written = result.written.get(tick.name) or self._zookeeper_now()  # creates only: estimated
+            self.known[tick.name] = _Known(version, tick.claim.state, written)
+            if self._finish(tick, producer, now, requeue, sent.get(tick.name)):
+                continue
+            self.pending[tick.name] = self._pending(tick)
+            unsent.append(tick)
 
     def _check_own_clock(self, ticks: list[_Tick], result: ClaimResult) -> None:
         """Warn (once a term) when ZooKeeper's time of our claims shows this leader's ticks go out early."""
@@ -648,18 +703,31 @@ class Term:
                 )
                 return
 
-    def _claim(self, ticks: list[_Tick]) -> tuple[ClaimResult, BaseException | None, bool]:
-        """The fenced claim: (what committed, why the rest did not, whether that is unknown)."""
+    def _start_claim(self, ticks: list[_Tick]) -> ClaimInFlight:
+        """The fenced claim of ``ticks``, sent to ZooKeeper; :meth:`_claim_result` waits for its answer."""
+        return self.ledger.start_claim([tick.claim for tick in ticks], self.fence.candidate)
+
+    def _claim_result(
+        self, in_flight: ClaimInFlight, timed: bool = True
+    ) -> tuple[ClaimResult, BaseException | None, bool]:
+        """The fenced claim's answer: (what committed, why the rest did not, whether that is unknown).
+
+        ``timed``: the answer was waited for as soon as the claim was sent,
+        so this replica's clock now is ZooKeeper's time of the commit plus
+        the offset (and a round trip). A part's claim answered while the
+        part before went out is not: its answer may have waited for as long
+        as the sends took, which is no skew.
+        """
         try:
-            result = self.ledger.claim([tick.claim for tick in ticks], self.fence.candidate)
+            result = in_flight.result()
         except UNCERTAIN as exc:
             return ClaimResult(committed=dict(getattr(exc, "committed", {}))), exc, True
-        if result.written:  # ZooKeeper's time of the commit, just now: this replica's offset from it
+        if result.written and timed:  # ZooKeeper's time of the commit, just now: this replica's offset from it
             self.clock_offset = (datetime.now(timezone.utc) - max(result.written.values())).total_seconds()
         self.metrics.claims("committed", len(result.committed))
         if result.error is not None:
             kind = "fenced" if isinstance(result.error, FencedError) else "conflicted"
-            self.metrics.claims(kind, len(ticks) - len(result.committed))
+            self.metrics.claims(kind, len(in_flight.claims) - len(result.committed))
         return result, result.error, False
 
     def _not_committed(self, tick: _Tick, error: BaseException | None, uncertain: bool, requeue: list[Requeue]) -> None:

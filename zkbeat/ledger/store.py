@@ -60,6 +60,7 @@ __all__ = [
     "Pause",
     "LedgerRecord",
     "Claim",
+    "ClaimInFlight",
     "ClaimResult",
     "Ledger",
     "encode_name",
@@ -541,16 +542,52 @@ class Ledger:
         (``committed``). ``fence=None`` writes with the compare-and-set alone
         (a replica putting back its own unsent claim; see zkbeat.leading.term).
         """
-        result = ClaimResult(committed={})
-        for chunk in _chunks(claims, self.entry_path):
-            transaction = self.client.transaction()
-            if fence is not None:
-                transaction.check(fence, -1)
-            owners = []  # the claim behind each operation after the fence's check
-            for claim, path in chunk:
-                owners.extend(_add_operations(transaction, claim, path))
+        return self.start_claim(claims, fence).result()
+
+    def start_claim(self, claims: list[Claim], fence: str | None) -> ClaimInFlight:
+        """:meth:`claim`, with its first transaction sent now and its answer waited for by ``result()``.
+
+        A leader sends the next part of a pass's claims this way and
+        publishes the part before it while ZooKeeper commits (zkbeat.leading.term).
+        """
+        return ClaimInFlight(self, claims, fence)
+
+
+class ClaimInFlight:
+    """A :meth:`Ledger.claim` whose first transaction is on its way to ZooKeeper.
+
+    ``result()`` waits for it and sends any further transaction only after
+    the one before committed, so the first that fails still stops the rest.
+    """
+
+    def __init__(self, ledger: Ledger, claims: list[Claim], fence: str | None) -> None:
+        self._ledger = ledger
+        self._fence = fence
+        self.claims = claims
+        self._chunks = _chunks(claims, ledger.entry_path)
+        self._result = ClaimResult(committed={})
+        self._sent = self._send_next()
+
+    def _send_next(self) -> tuple[list[tuple[Claim, str]], list[Claim], Any] | None:
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            return None
+        transaction = self._ledger.client.transaction()
+        if self._fence is not None:
+            transaction.check(self._fence, -1)
+        owners = []  # the claim behind each operation after the fence's check
+        for claim, path in chunk:
+            owners.extend(_add_operations(transaction, claim, path))
+        return chunk, owners, transaction.commit_async()
+
+    def result(self) -> ClaimResult:
+        """What committed, as :meth:`Ledger.claim` returns it (and raises as it raises)."""
+        result, fence = self._result, self._fence
+        while self._sent is not None:
+            chunk, owners, answer = self._sent
+            self._sent = None
             try:
-                outcomes = transaction.commit_async().get(timeout=self.timeout)
+                outcomes = answer.get(timeout=self._ledger.timeout)
             except Exception as exc:
                 exc.committed = dict(result.committed)  # type: ignore[attr-defined]
                 raise
@@ -569,6 +606,7 @@ class Ledger:
                     result.committed[claim.name] = 0 if claim.version == ABSENT else claim.version + 1
                     if stamps:
                         result.written[claim.name] = zookeeper_time(stamps[0])
+            self._sent = self._send_next()
         return result
 
 
