@@ -282,8 +282,10 @@ def test_a_claim_lost_before_commit_is_claimed_again(
     """A claim whose request never committed is not published from memory; the tick is claimed afresh instead."""
     scheduler = make_scheduler({"tidy": every(0.5)})
     lead(scheduler)
-    fail_next_claim(scheduler, monkeypatch, ConnectionLoss(), commit=False)
+    tried: list[str] = []
+    fail_next_claim(scheduler, monkeypatch, ConnectionLoss(), commit=False, tried=tried)
     wait_for(lambda: scheduler.tick() is not None and published.headers, timeout=10)
+    assert tried == ["tidy"], "the claim never failed: the test proves nothing"
     slots = [h["zkbeat-slot"] for h in published.headers]
     assert len(slots) == len(set(slots))
     assert scheduler.ledger.load(["tidy"])["tidy"].state.total_run_count == len(slots)

@@ -157,16 +157,21 @@ def stop_intercepting(ledger: Any, monkeypatch: Any) -> None:
     monkeypatch.setattr(ledger, "start_claim", partial(ClaimInFlight, ledger))
 
 
-def fail_next_claim(scheduler: Any, monkeypatch: Any, error: BaseException, commit: bool = True) -> list:
+def fail_next_claim(
+    scheduler: Any, monkeypatch: Any, error: BaseException, commit: bool = True, tried: list | None = None
+) -> list:
     """Make the scheduler's next claim raise ``error`` in place of its reply, after (or without) committing it.
 
-    Returns the list the committed slots are put in. Later claims run as usual.
+    Returns the list the committed slots are put in; ``tried`` gets the
+    claimed entries' names when the failure happens. Later claims run as usual.
     """
     ledger = scheduler.ledger
     committed: list = []
 
     def claim(claims: Any, fence: Any) -> Any:
         stop_intercepting(ledger, monkeypatch)
+        if tried is not None:
+            tried.extend(c.name for c in claims)
         if commit:
             result = real(claims, fence)
             committed.extend(c.state.slot for c in claims if c.name in result.committed)

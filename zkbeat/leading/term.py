@@ -129,9 +129,11 @@ class _Tick:
     why: str = ""
     next_delay: float | None = None
 
-    @property
-    def name(self) -> str:
-        return self.due.entry.name
+    #: The entry's name (looked up many times a tick: kept, not asked of the entry each time).
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.due.entry.name
 
 
 @dataclass
@@ -667,12 +669,15 @@ class Term:
     ) -> None:
         """Publish one part's committed ticks; put back (or keep pending) the rest of the part."""
         sent = self._publish_together(part, result, producer)
+        estimated: datetime | None = None  # ZooKeeper's time of a part of creates, read once for the part
         for tick in part:
             version = result.committed.get(tick.name)
             if version is None:
                 self._not_committed(tick, error, uncertain, requeue)
                 continue
-            written = result.written.get(tick.name) or self._zookeeper_now()  # creates only: estimated
+            written = result.written.get(tick.name)
+            if written is None:  # creates only: estimated
+                written = estimated = estimated or self._zookeeper_now()
             self.known[tick.name] = _Known(version, tick.claim.state, written)
             if self._finish(tick, producer, now, requeue, sent.get(tick.name)):
                 continue
