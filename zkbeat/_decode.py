@@ -26,7 +26,7 @@ import json
 import reprlib
 from typing import Any
 
-__all__ = ["json_object", "brief", "MAX_DEPTH"]
+__all__ = ["json_object", "brief", "MAX_DEPTH", "BRIEF_MAX"]
 
 #: Containers deepest a JSON value may nest (an object holding a list is 2); zkbeat's own data nests 3 or so.
 MAX_DEPTH = 64
@@ -79,6 +79,9 @@ def _too_deep(raw: bytes, value: Any) -> bool:
     return False
 
 
+#: Characters of :func:`brief`'s text at most (longer: cut, ending in "…").
+BRIEF_MAX = 300
+
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 4, 12, 8, 80, 80
 
@@ -89,5 +92,9 @@ def brief(value: Any) -> str:
     For data anyone may have written (JSON nested hundreds deep, a huge
     string): ``%r`` of it could overflow the stack inside logging (the line
     lost, or RecursionError where a handler re-raises) or flood the log.
+    The levels alone do not bound the length (12 items a level, 4 levels of
+    strings: some 140,000 characters from 180 kB of JSON), so the text is cut
+    to BRIEF_MAX characters as well.
     """
-    return _BRIEF.repr(value)
+    text = _BRIEF.repr(value)
+    return text if len(text) <= BRIEF_MAX else text[: BRIEF_MAX - 1] + "…"
