@@ -336,7 +336,9 @@ def _decode_written(raw: bytes | None) -> EntryState | None:
 
 def _decode_any(raw: bytes | None) -> EntryState:
     """Any ledger znode: older layouts, other zones' times, odd fields; ValueError for what zkbeat did not write."""
-    data = json_object(raw)
+    # No depth cap: a record nested past MAX_DEPTH reads as its field's rule says (a pause
+    # zkbeat cannot read still pauses), as on the fast path, not the whole znode as no state.
+    data = json_object(raw, any_depth=True)
     count = data.get("total_run_count", 0)
     epoch = data.get("epoch")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
