@@ -193,9 +193,16 @@ def _encode_claimed(state: EntryState) -> bytes | None:
         return None
     if not (manual is None or type(manual) is str):
         return None
-    # In the order the general path reads them: a time that overflows in UTC raises where it did.
-    last_run_at, updated_at, slot = _time_json(state.last_run_at), _time_json(state.updated_at), _time_json(state.slot)
-    if last_run_at is None or updated_at is None or slot is None:
+    # In the order the general path reads them, each before the next: a time that overflows in UTC
+    # raises where it did, and one that is no datetime leaves it to the general path before a later one is read.
+    last_run_at = _time_json(state.last_run_at)
+    if last_run_at is None:
+        return None
+    updated_at = _time_json(state.updated_at)
+    if updated_at is None:
+        return None
+    slot = _time_json(state.slot)
+    if slot is None:
         return None
     text = f'{{"epoch": {"null" if epoch is None else epoch}, "last_run_at": {last_run_at}'
     if manual is not None:
