@@ -21,6 +21,7 @@ from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
 from zkbeat.ledger import clock
 from zkbeat.ledger.store import Claim, EntryState, Ledger
+from zkbeat.ops.metrics import Metrics
 
 PART = 4
 NAMES = [f"e{i}" for i in range(10)]  # parts of 4, 4 and 2
@@ -273,3 +274,37 @@ def test_the_clock_offset_is_not_measured_across_the_sends_of_the_part_before(
     term = scheduler.term
     assert term is not None
     assert abs(term.clock_offset) < clock.LEDGER_TOLERANCE, f"measured offset {term.clock_offset:.1f}s"
+
+
+def test_the_fenced_claims_counted_are_the_failed_part_s_not_the_parts_never_sent(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zkbeat_claims_total: part one counted committed, part two (fenced) fenced, part three (never sent) nowhere.
+
+    As the CHANGELOG says: the claims of the part that failed, not the ticks after it.
+    """
+    first = make_scheduler(due_at_once)
+    lead(first)
+    counted: list[tuple[str, int]] = []
+    real_claims = Metrics.claims
+
+    def claims(self, result: str, count: int = 1) -> None:
+        counted.append((result, count))
+        real_claims(self, result, count)
+
+    monkeypatch.setattr(Metrics, "claims", claims)
+    sent: list[list[str]] = []
+
+    def claim(claims, fence):
+        sent.append([c.name for c in claims])
+        if len(sent) == 2:
+            zk_client.delete(fence)
+        return real(claims, fence)
+
+    real = intercept_claims(first.ledger, monkeypatch, claim)
+    wait_for(lambda: first.tick() is not None and len(sent) >= 2, timeout=15)
+    assert [len(names) for names in sent] == [PART, PART], sent
+    totals: dict[str, int] = {}
+    for result, count in counted:
+        totals[result] = totals.get(result, 0) + count
+    assert totals == {"committed": PART, "fenced": PART}, counted
