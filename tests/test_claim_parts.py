@@ -14,8 +14,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery.signals import before_task_publish
+from kazoo.exceptions import ConnectionLoss
 
-from tests.support.helpers import Published, every, intercept_claims, lead, wait_for
+from tests.support.helpers import Published, every, intercept_claims, lead, stop_intercepting, wait_for
 from tests.support.signals import Terminated
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
@@ -308,3 +309,61 @@ def test_the_fenced_claims_counted_are_the_failed_part_s_not_the_parts_never_sen
     for result, count in counted:
         totals[result] = totals.get(result, 0) + count
     assert totals == {"committed": PART, "fenced": PART}, counted
+
+
+def test_a_part_that_conflicts_stops_the_parts_after_it_and_each_entry_is_published_once(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone writes an entry of part two while part one goes out: part two conflicts, part three is not claimed
+    in that pass, and the next passes publish parts two and three, each entry once."""
+    scheduler = make_scheduler(due_at_once)
+    lead(scheduler)
+    ledger = scheduler.ledger
+    sent: list[list[str]] = []
+
+    def claim(claims, fence):
+        sent.append([c.name for c in claims])
+        if len(sent) == 2:  # a stranger's write: same data, a new version
+            path = ledger.entry_path(claims[0].name)
+            data, _ = zk_client.get(path) if zk_client.exists(path) else (b"", None)
+            if data:
+                zk_client.set(path, data)
+            else:
+                zk_client.create(path, b"", makepath=True)
+        return real(claims, fence)
+
+    real = intercept_claims(ledger, monkeypatch, claim)
+    wait_for(lambda: scheduler.tick() is not None and len(sent) >= 2, timeout=15)
+    assert sorted(published.entries()) == sorted(sent[0]), "only part one goes out in the pass that conflicted"
+    third = [name for name in NAMES if name not in sent[0] and name not in sent[1]]
+    assert versions(zk_client, ledger, third) == dict.fromkeys(third), "part three was claimed after a conflict"
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
+    once_each(published)
+
+
+def test_a_part_whose_reply_is_lost_stops_the_parts_after_it_and_each_entry_is_published_once(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part two commits but its reply is lost: part three is not claimed in that pass, and the leader (its term
+    begun again) settles part two against the ledger and publishes every entry once, none twice."""
+    scheduler = make_scheduler(due_at_once)
+    lead(scheduler)
+    ledger = scheduler.ledger
+    sent: list[list[str]] = []
+
+    def claim(claims, fence):
+        sent.append([c.name for c in claims])
+        result = real(claims, fence)
+        if len(sent) == 2:
+            stop_intercepting(ledger, monkeypatch)
+            raise ConnectionLoss("reply lost")
+        return result
+
+    real = intercept_claims(ledger, monkeypatch, claim)
+    wait_for(lambda: scheduler.tick() is not None and len(sent) >= 2, timeout=15)
+    assert sorted(published.entries()) == sorted(sent[0])
+    assert all(version == 0 for version in versions(zk_client, ledger, sent[1]).values()), "part two did not commit"
+    third = [name for name in NAMES if name not in sent[0] and name not in sent[1]]
+    assert versions(zk_client, ledger, third) == dict.fromkeys(third), "part three was claimed after a lost reply"
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(NAMES), timeout=20)
+    once_each(published)
