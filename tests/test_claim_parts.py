@@ -60,6 +60,14 @@ def once_each(published: Published) -> None:
     assert sorted(published.entries()) == NAMES, f"published: {sorted(published.entries())}"
 
 
+def the_next_leader_publishes_the_rest_once(make_scheduler, schedule: dict, published: Published) -> None:
+    """A second replica leads (the first was closed) and publishes what is left: every entry once in all."""
+    second = make_scheduler(schedule, identity="second")
+    lead(second)
+    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
+    once_each(published)
+
+
 def test_the_next_part_is_claimed_before_this_part_is_published(
     make_scheduler, published: Published, due_at_once: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,10 +124,7 @@ def test_a_part_fenced_off_stops_the_pass_and_the_next_leader_publishes_the_rest
     assert versions(zk_client, ledger, sent[1]) == dict.fromkeys(sent[1]), "the fenced part left writes behind"
     first.close()
 
-    second = make_scheduler(due_at_once, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
-    once_each(published)
+    the_next_leader_publishes_the_rest_once(make_scheduler, due_at_once, published)
 
 
 def test_a_signal_while_the_next_part_is_claimed_leaves_nothing_lost_or_twice(
@@ -149,10 +154,7 @@ def test_a_signal_while_the_next_part_is_claimed_leaves_nothing_lost_or_twice(
     monkeypatch.setattr(publisher_module.Publisher, "publish_many", real_publish_many)
     first.close()  # writes part two back: its ticks stay due
 
-    second = make_scheduler(due_at_once, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
-    once_each(published)
+    the_next_leader_publishes_the_rest_once(make_scheduler, due_at_once, published)
 
 
 def test_a_broker_gone_at_a_part_leaves_the_parts_after_the_next_unclaimed_and_publishes_all_once_it_is_back(
@@ -227,10 +229,7 @@ def test_a_signal_just_after_a_parts_answer_leaves_its_ticks_pending_not_lost(
     )
     first.close()
 
-    second = make_scheduler(due_at_once, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
-    once_each(published)
+    the_next_leader_publishes_the_rest_once(make_scheduler, due_at_once, published)
 
 
 def test_the_clock_offset_is_not_measured_across_the_sends_of_the_part_before(
