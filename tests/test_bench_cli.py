@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,3 +37,16 @@ def test_python_m_bench_help_lists_every_scenario() -> None:
     assert done.returncode == 0, done.stderr
     for scenario in ("burst", "crash", "handover", "hung", "punctuality", "steady", "swarm", "database", "shards"):
         assert scenario in done.stdout
+
+
+def test_the_burst_s_flavour_option_always_keeps_zkbeat_and_refuses_unknown_names() -> None:
+    """BENCH_BURST_FLAVOURS names the schedulers besides zkbeat: the burst's rows and its takeover need zkbeat's
+    run (without it the bench crashed after minutes of bursts), and a misspelt name is refused, not run as none."""
+    from bench.burst import _flavours
+    from bench.cluster import FLAVOURS, PLAIN, ZKBEAT
+
+    assert _flavours(None) == FLAVOURS
+    assert _flavours("zkbeat") == (ZKBEAT,)
+    assert _flavours(PLAIN.key) == (ZKBEAT, PLAIN)
+    with pytest.raises(ValueError, match="zkbaet"):
+        _flavours("zkbaet")

@@ -26,7 +26,7 @@ import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import LogRecords, Published, every, lead, wait_for
 from tests.support.processes import ROOT
 from tests.support.servers import ZooKeeperServer
 
@@ -88,14 +88,7 @@ def _kombu_error(url: str) -> str:
     raise AssertionError(f"kombu loads a transport for {url}")
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
+class _Records(LogRecords):
     def said(self, level: int = logging.WARNING) -> list[tuple[str, str, str]]:
         """(logger, level, message) of zkbeat's, Celery's and kombu's records at ``level`` or above."""
         return [

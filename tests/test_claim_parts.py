@@ -14,13 +14,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from celery.signals import before_task_publish
+from kazoo.exceptions import ConnectionLoss
 
-from tests.support.helpers import Published, every, intercept_claims, lead, wait_for
+from tests.support.helpers import Published, every, intercept_claims, lead, stop_intercepting, wait_for
 from tests.support.signals import Terminated
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
 from zkbeat.ledger import clock
 from zkbeat.ledger.store import Claim, EntryState, Ledger
+from zkbeat.ops.metrics import Metrics
 
 PART = 4
 NAMES = [f"e{i}" for i in range(10)]  # parts of 4, 4 and 2
@@ -56,6 +58,14 @@ def versions(zk_client, ledger, names: list[str]) -> dict[str, int | None]:
 def once_each(published: Published) -> None:
     """Every entry published exactly once."""
     assert sorted(published.entries()) == NAMES, f"published: {sorted(published.entries())}"
+
+
+def the_next_leader_publishes_the_rest_once(make_scheduler, schedule: dict, published: Published) -> None:
+    """A second replica leads (the first was closed) and publishes what is left: every entry once in all."""
+    second = make_scheduler(schedule, identity="second")
+    lead(second)
+    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
+    once_each(published)
 
 
 def test_the_next_part_is_claimed_before_this_part_is_published(
@@ -114,10 +124,7 @@ def test_a_part_fenced_off_stops_the_pass_and_the_next_leader_publishes_the_rest
     assert versions(zk_client, ledger, sent[1]) == dict.fromkeys(sent[1]), "the fenced part left writes behind"
     first.close()
 
-    second = make_scheduler(due_at_once, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
-    once_each(published)
+    the_next_leader_publishes_the_rest_once(make_scheduler, due_at_once, published)
 
 
 def test_a_signal_while_the_next_part_is_claimed_leaves_nothing_lost_or_twice(
@@ -147,10 +154,7 @@ def test_a_signal_while_the_next_part_is_claimed_leaves_nothing_lost_or_twice(
     monkeypatch.setattr(publisher_module.Publisher, "publish_many", real_publish_many)
     first.close()  # writes part two back: its ticks stay due
 
-    second = make_scheduler(due_at_once, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
-    once_each(published)
+    the_next_leader_publishes_the_rest_once(make_scheduler, due_at_once, published)
 
 
 def test_a_broker_gone_at_a_part_leaves_the_parts_after_the_next_unclaimed_and_publishes_all_once_it_is_back(
@@ -225,10 +229,7 @@ def test_a_signal_just_after_a_parts_answer_leaves_its_ticks_pending_not_lost(
     )
     first.close()
 
-    second = make_scheduler(due_at_once, identity="second")
-    lead(second)
-    wait_for(lambda: second.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
-    once_each(published)
+    the_next_leader_publishes_the_rest_once(make_scheduler, due_at_once, published)
 
 
 def test_the_clock_offset_is_not_measured_across_the_sends_of_the_part_before(
@@ -273,3 +274,95 @@ def test_the_clock_offset_is_not_measured_across_the_sends_of_the_part_before(
     term = scheduler.term
     assert term is not None
     assert abs(term.clock_offset) < clock.LEDGER_TOLERANCE, f"measured offset {term.clock_offset:.1f}s"
+
+
+def test_the_fenced_claims_counted_are_the_failed_part_s_not_the_parts_never_sent(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zkbeat_claims_total: part one counted committed, part two (fenced) fenced, part three (never sent) nowhere.
+
+    As the CHANGELOG says: the claims of the part that failed, not the ticks after it.
+    """
+    first = make_scheduler(due_at_once)
+    lead(first)
+    counted: list[tuple[str, int]] = []
+    real_claims = Metrics.claims
+
+    def claims(self, result: str, count: int = 1) -> None:
+        counted.append((result, count))
+        real_claims(self, result, count)
+
+    monkeypatch.setattr(Metrics, "claims", claims)
+    sent: list[list[str]] = []
+
+    def claim(claims, fence):
+        sent.append([c.name for c in claims])
+        if len(sent) == 2:
+            zk_client.delete(fence)
+        return real(claims, fence)
+
+    real = intercept_claims(first.ledger, monkeypatch, claim)
+    wait_for(lambda: first.tick() is not None and len(sent) >= 2, timeout=15)
+    assert [len(names) for names in sent] == [PART, PART], sent
+    totals: dict[str, int] = {}
+    for result, count in counted:
+        totals[result] = totals.get(result, 0) + count
+    assert totals == {"committed": PART, "fenced": PART}, counted
+
+
+def test_a_part_that_conflicts_stops_the_parts_after_it_and_each_entry_is_published_once(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone writes an entry of part two while part one goes out: part two conflicts, part three is not claimed
+    in that pass, and the next passes publish parts two and three, each entry once."""
+    scheduler = make_scheduler(due_at_once)
+    lead(scheduler)
+    ledger = scheduler.ledger
+    sent: list[list[str]] = []
+
+    def claim(claims, fence):
+        sent.append([c.name for c in claims])
+        if len(sent) == 2:  # a stranger's write: same data, a new version
+            path = ledger.entry_path(claims[0].name)
+            data, _ = zk_client.get(path) if zk_client.exists(path) else (b"", None)
+            if data:
+                zk_client.set(path, data)
+            else:
+                zk_client.create(path, b"", makepath=True)
+        return real(claims, fence)
+
+    real = intercept_claims(ledger, monkeypatch, claim)
+    wait_for(lambda: scheduler.tick() is not None and len(sent) >= 2, timeout=15)
+    assert sorted(published.entries()) == sorted(sent[0]), "only part one goes out in the pass that conflicted"
+    third = [name for name in NAMES if name not in sent[0] and name not in sent[1]]
+    assert versions(zk_client, ledger, third) == dict.fromkeys(third), "part three was claimed after a conflict"
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(NAMES), timeout=15)
+    once_each(published)
+
+
+def test_a_part_whose_reply_is_lost_stops_the_parts_after_it_and_each_entry_is_published_once(
+    make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part two commits but its reply is lost: part three is not claimed in that pass, and the leader (its term
+    begun again) settles part two against the ledger and publishes every entry once, none twice."""
+    scheduler = make_scheduler(due_at_once)
+    lead(scheduler)
+    ledger = scheduler.ledger
+    sent: list[list[str]] = []
+
+    def claim(claims, fence):
+        sent.append([c.name for c in claims])
+        result = real(claims, fence)
+        if len(sent) == 2:
+            stop_intercepting(ledger, monkeypatch)
+            raise ConnectionLoss("reply lost")
+        return result
+
+    real = intercept_claims(ledger, monkeypatch, claim)
+    wait_for(lambda: scheduler.tick() is not None and len(sent) >= 2, timeout=15)
+    assert sorted(published.entries()) == sorted(sent[0])
+    assert all(version == 0 for version in versions(zk_client, ledger, sent[1]).values()), "part two did not commit"
+    third = [name for name in NAMES if name not in sent[0] and name not in sent[1]]
+    assert versions(zk_client, ledger, third) == dict.fromkeys(third), "part three was claimed after a lost reply"
+    wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(NAMES), timeout=20)
+    once_each(published)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support.undecodable import UNDECODABLE
-from zkbeat._decode import MAX_DEPTH, json_object
+from zkbeat._decode import MAX_DEPTH, brief, json_object
 
 
 @pytest.mark.parametrize("raw", list(UNDECODABLE.values()), ids=list(UNDECODABLE))
@@ -58,3 +60,14 @@ def test_many_brackets_side_by_side_are_not_depth() -> None:
     """Thousands of containers at one level (a long list of runs) are read: only nesting counts."""
     raw = b'{"recent": [' + b", ".join([b'[1, {"b": []}]'] * 5000) + b"]}"
     assert len(json_object(raw)["recent"]) == 5000
+
+
+def test_brief_stays_a_few_hundred_characters_for_any_value_a_znode_can_hold() -> None:
+    """brief() is what the ledger logs of a record it cannot read: a list of lists of strings (180 kB of JSON, well
+    under ZooKeeper's 1 MiB) gives a line of a few hundred characters, not one of 140,000."""
+    value = [[["x" * 100] * 12] * 12] * 12
+    assert len(json.dumps(value)) < 1024 * 1024
+    shown = brief(value)
+    assert len(shown) <= 400, len(shown)  # "a few hundred characters", as the docstring and CHANGELOG say
+    assert shown.startswith("[[['xxxx") and shown.endswith("…")
+    assert brief({"by": "op", "note": "n"}) == "{'by': 'op', 'note': 'n'}"  # a small value is shown whole

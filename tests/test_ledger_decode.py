@@ -120,7 +120,9 @@ def _ref_decode_runs(value: Any) -> tuple[Run, ...]:
 
 
 def reference_decode_state(raw: bytes | None) -> EntryState:
-    data = json_object(raw)  # zkbeat's one reader of JSON found in ZooKeeper, which the fast path leaves as it is
+    data = json_object(
+        raw, any_depth=True
+    )  # zkbeat's one reader of JSON found in ZooKeeper, which the fast path leaves as it is
     count = data.get("total_run_count", 0)
     epoch = data.get("epoch")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
@@ -470,3 +472,24 @@ def test_logged_collects_the_ledger_warnings() -> None:
     with _logged() as lines:
         decode_state(b'{"last_run_at": "2026-01-01T12:00:00+00:00", "recent": "x"}')
     assert len(lines) == 1 and lines[0][1] == logging.WARNING
+
+
+@pytest.mark.parametrize("zone", ["+00:00", "+02:00"], ids=["fast-path", "general-path"])
+@pytest.mark.parametrize("depth", [65, 100, 500])
+def test_a_pause_record_nested_past_max_depth_still_pauses_whichever_path_reads_it(zone: str, depth: int) -> None:
+    """A pause record zkbeat cannot read keeps its entry paused (fail closed), however deep it nests.
+
+    The fast path reads such a record as a pause; a znode it leaves to the
+    general decoder (a time in another zone) must read the same, not be
+    refused whole as "nested too deep" and read as no state: an entry read
+    as no state is claimed and published by the next leader.
+    """
+    raw = json.dumps({"last_run_at": f"2026-01-01T12:00:00{zone}", "paused": "@"})
+    raw = raw.replace('"@"', "[" * depth + "]" * depth).encode()
+    with _logged() as lines:
+        state = decode_state(raw)
+    assert state.paused == Pause(by="?", at=None, note="unreadable pause record")
+    assert state.last_run_at == datetime(2026, 1, 1, 12, tzinfo=timezone(timedelta(hours=int(zone[1:3])))), state
+    assert any(
+        "holds a pause record zkbeat cannot read ([[[[" in line[2] and "keeping it paused" in line[2] for line in lines
+    )

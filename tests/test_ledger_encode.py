@@ -248,3 +248,20 @@ def test_a_broken_fast_path_is_caught(name: str, monkeypatch: pytest.MonkeyPatch
     unshrunk = settings(_quiet, database=None, derandomize=True, phases=[Phase.explicit, Phase.generate])
     found = find(_states, lambda state: not _same_as_before(state), settings=unshrunk)
     assert store._encode_claimed(found) is not None, "found on the fast path"
+
+
+_FAR = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))  # overflows once in UTC
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        EntryState(last_run_at="2026-01-01", updated_at=_FAR),  # type: ignore[arg-type]
+        EntryState(last_run_at=datetime(2026, 1, 1).date(), slot=_FAR),  # type: ignore[arg-type]
+        EntryState(last_run_at=datetime(2026, 1, 1, tzinfo=timezone.utc), updated_at=1, slot=_FAR),  # type: ignore[arg-type]
+    ],
+    ids=["str-then-overflow", "date-then-overflow", "int-then-overflow"],
+)
+def test_a_time_that_is_no_datetime_raises_as_before_even_with_an_overflowing_one_after_it(state: EntryState) -> None:
+    """The general path reads last_run_at, updated_at and slot in turn: the first bad one decides the error."""
+    assert_encodes_as_before(state)

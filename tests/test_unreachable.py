@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import wait_for
+from tests.support.helpers import LogRecords, wait_for
 from tests.support.processes import ROOT
 from tests.support.servers import RedisServer, free_port
 from zkbeat.coordination import _zookeeper
@@ -74,18 +74,9 @@ def _attempt_lines(text: str, level: str) -> list[str]:
     return [line for line in text.splitlines() if f"{level}/" in line and KAZOO_ATTEMPT.search(line)]
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
-def records() -> _Records:
-    handler = _Records()
+def records() -> LogRecords:
+    handler = LogRecords()
     for name in ("zkbeat-test-kazoo", _zookeeper.logger.name):
         logging.getLogger(name).addHandler(handler)
         logging.getLogger(name).setLevel(logging.DEBUG)
@@ -95,7 +86,7 @@ def records() -> _Records:
         logging.getLogger(name).setLevel(logging.NOTSET)
 
 
-def test_kazoos_attempt_lines_go_down_to_debug_and_its_other_warnings_keep_their_level(records: _Records) -> None:
+def test_kazoos_attempt_lines_go_down_to_debug_and_its_other_warnings_keep_their_level(records: LogRecords) -> None:
     """Through a zkbeat client's logger, kazoo's attempt lines are DEBUG; an expired session is still a WARNING."""
     log = _ClientLog(logging.getLogger("zkbeat-test-kazoo"), None)
     log.info("Connecting to %s(%s):%s, use_ssl: %r", "127.0.0.1", "127.0.0.1", 1, False)
@@ -111,7 +102,7 @@ def test_kazoos_attempt_lines_go_down_to_debug_and_its_other_warnings_keep_their
     ]
 
 
-def test_an_outage_is_reported_after_a_short_while_then_every_report_interval(records: _Records) -> None:
+def test_an_outage_is_reported_after_a_short_while_then_every_report_interval(records: LogRecords) -> None:
     """Failed attempts warn after REPORT_AFTER s without ZooKeeper, then each REPORT_EVERY s; its return is logged."""
     now = [100.0]
     unreachable = Unreachable("zk1:2181,zk2:2181", clock=lambda: now[0])

@@ -15,9 +15,10 @@ repr in a log line (logging formats it some ten frames down) or a
 json.dumps raises RecursionError there. zkbeat writes nothing nested more
 than a few levels, so the cap is far from its own data; and it costs one
 pass over the bytes, and a walk only of data holding more than MAX_DEPTH
-brackets. Where a reader does not go through json_object (the ledger's
-fast decode, zkbeat.ledger.store) a value it cannot read is logged with
-:func:`brief`, which never goes deeper than a few levels.
+brackets. The ledger's decoders (zkbeat.ledger.store) read a ledger
+entry at any depth (the fast one with its own scanner, the general one
+with ``any_depth``): what they cannot read is logged with :func:`brief`,
+which never goes deeper than a few levels, and no deep value is kept.
 """
 
 from __future__ import annotations
@@ -26,17 +27,20 @@ import json
 import reprlib
 from typing import Any
 
-__all__ = ["json_object", "brief", "MAX_DEPTH"]
+__all__ = ["json_object", "brief", "MAX_DEPTH", "BRIEF_MAX"]
 
 #: Containers deepest a JSON value may nest (an object holding a list is 2); zkbeat's own data nests 3 or so.
 MAX_DEPTH = 64
 
 
-def json_object(raw: bytes | None, *, empty_ok: bool = False) -> dict[str, Any]:
+def json_object(raw: bytes | None, *, empty_ok: bool = False, any_depth: bool = False) -> dict[str, Any]:
     """The JSON object ``raw`` holds; ValueError, with a short reason, for anything else.
 
     ``empty_ok``: no data at all (None, as zkCli's ``create <path>`` leaves
-    it, or b"") reads as ``{}`` instead of an error.
+    it, or b"") reads as ``{}`` instead of an error. ``any_depth``: no
+    MAX_DEPTH cap (still ValueError past the recursion limit), for a reader
+    that keeps no deep value and logs one only through :func:`brief` (the
+    ledger's general decode: a pause record it cannot read must still pause).
     """
     if not raw:
         if empty_ok:
@@ -52,7 +56,7 @@ def json_object(raw: bytes | None, *, empty_ok: bool = False) -> dict[str, Any]:
         raise ValueError("JSON nested too deep") from None
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    if _too_deep(raw, data):
+    if not any_depth and _too_deep(raw, data):
         raise ValueError("JSON nested too deep")
     if not isinstance(data, dict):
         raise ValueError(f"not a JSON object but {type(data).__name__ if data is not None else 'null'}")
@@ -79,6 +83,9 @@ def _too_deep(raw: bytes, value: Any) -> bool:
     return False
 
 
+#: Characters of :func:`brief`'s text at most (longer: cut, ending in "…").
+BRIEF_MAX = 300
+
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 4, 12, 8, 80, 80
 
@@ -89,5 +96,9 @@ def brief(value: Any) -> str:
     For data anyone may have written (JSON nested hundreds deep, a huge
     string): ``%r`` of it could overflow the stack inside logging (the line
     lost, or RecursionError where a handler re-raises) or flood the log.
+    The levels alone do not bound the length (12 items a level, 4 levels of
+    strings: some 140,000 characters from 180 kB of JSON), so the text is cut
+    to BRIEF_MAX characters as well.
     """
-    return _BRIEF.repr(value)
+    text = _BRIEF.repr(value)
+    return text if len(text) <= BRIEF_MAX else text[: BRIEF_MAX - 1] + "…"

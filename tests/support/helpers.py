@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -197,3 +198,14 @@ def names_in_every_shard(root: str, shards: int, per_shard: int = 1, prefix: str
             names.append(name)
         n += 1
     return [name for k in range(shards) for name in found[k]]
+
+
+class LogRecords(logging.Handler):
+    """Keeps every record handed to it, at any level (add it to the loggers a test watches)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

@@ -193,9 +193,16 @@ def _encode_claimed(state: EntryState) -> bytes | None:
         return None
     if not (manual is None or type(manual) is str):
         return None
-    # In the order the general path reads them: a time that overflows in UTC raises where it did.
-    last_run_at, updated_at, slot = _time_json(state.last_run_at), _time_json(state.updated_at), _time_json(state.slot)
-    if last_run_at is None or updated_at is None or slot is None:
+    # In the order the general path reads them, each before the next: a time that overflows in UTC
+    # raises where it did, and one that is no datetime leaves it to the general path before a later one is read.
+    last_run_at = _time_json(state.last_run_at)
+    if last_run_at is None:
+        return None
+    updated_at = _time_json(state.updated_at)
+    if updated_at is None:
+        return None
+    slot = _time_json(state.slot)
+    if slot is None:
         return None
     text = f'{{"epoch": {"null" if epoch is None else epoch}, "last_run_at": {last_run_at}'
     if manual is not None:
@@ -336,7 +343,9 @@ def _decode_written(raw: bytes | None) -> EntryState | None:
 
 def _decode_any(raw: bytes | None) -> EntryState:
     """Any ledger znode: older layouts, other zones' times, odd fields; ValueError for what zkbeat did not write."""
-    data = json_object(raw)
+    # No depth cap: a record nested past MAX_DEPTH reads as its field's rule says (a pause
+    # zkbeat cannot read still pauses), as on the fast path, not the whole znode as no state.
+    data = json_object(raw, any_depth=True)
     count = data.get("total_run_count", 0)
     epoch = data.get("epoch")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
