@@ -36,8 +36,16 @@ def due_at_once(monkeypatch: pytest.MonkeyPatch) -> dict:
     return {name: every(3600, last_run_at=long_ago) for name in NAMES}
 
 
-def claims_sent(ledger, monkeypatch: pytest.MonkeyPatch, events: list) -> None:
-    """Record each claim as it is sent to ZooKeeper (the names in it), in ``events``."""
+def leader_of(make_scheduler, schedule: dict):
+    """A replica of ``schedule``, once it leads."""
+    scheduler = make_scheduler(schedule)
+    lead(scheduler)
+    return scheduler
+
+
+def claims_sent(ledger, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Record each claim as it is sent to ZooKeeper (the names in it) in the list returned, as ("claim", names)."""
+    events: list = []
     real = ledger.start_claim
 
     def start_claim(claims, fence):
@@ -45,6 +53,7 @@ def claims_sent(ledger, monkeypatch: pytest.MonkeyPatch, events: list) -> None:
         return real(claims, fence)
 
     monkeypatch.setattr(ledger, "start_claim", start_claim)
+    return events
 
 
 def versions(zk_client, ledger, names: list[str]) -> dict[str, int | None]:
@@ -72,10 +81,8 @@ def test_the_next_part_is_claimed_before_this_part_is_published(
     make_scheduler, published: Published, due_at_once: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Claim of part two sent, then part one's messages: the publishes do not wait for ZooKeeper's next answer."""
-    scheduler = make_scheduler(due_at_once)
-    lead(scheduler)
-    events: list = []
-    claims_sent(scheduler.ledger, monkeypatch, events)
+    scheduler = leader_of(make_scheduler, due_at_once)
+    events = claims_sent(scheduler.ledger, monkeypatch)
 
     def on_publish(headers=None, **kwargs) -> None:
         events.append(("publish", (headers or {}).get("zkbeat-entry")))
@@ -104,8 +111,7 @@ def test_a_part_fenced_off_stops_the_pass_and_the_next_leader_publishes_the_rest
     make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Leadership lost between parts: part one goes out, part two is refused, part three is never claimed."""
-    first = make_scheduler(due_at_once)
-    lead(first)
+    first = leader_of(make_scheduler, due_at_once)
     ledger = first.ledger
     sent: list[list[str]] = []
 
@@ -131,10 +137,8 @@ def test_a_signal_while_the_next_part_is_claimed_leaves_nothing_lost_or_twice(
     make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGTERM (past its hold limit) as part one went out, part two's claim on its way: close() writes part two back."""
-    first = make_scheduler(due_at_once)
-    lead(first)
-    events: list = []
-    claims_sent(first.ledger, monkeypatch, events)
+    first = leader_of(make_scheduler, due_at_once)
+    events = claims_sent(first.ledger, monkeypatch)
     real_publish_many = publisher_module.Publisher.publish_many
 
     def publish_then_terminated(self, sends, producer, writing):
@@ -161,10 +165,8 @@ def test_a_broker_gone_at_a_part_leaves_the_parts_after_the_next_unclaimed_and_p
     make_scheduler, published: Published, due_at_once: dict, zk_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The broker fails part one: it and part two (claimed meanwhile) are written back, part three never claimed."""
-    scheduler = make_scheduler(due_at_once)
-    lead(scheduler)
-    events: list = []
-    claims_sent(scheduler.ledger, monkeypatch, events)
+    scheduler = leader_of(make_scheduler, due_at_once)
+    events = claims_sent(scheduler.ledger, monkeypatch)
     real_publish_many = publisher_module.Publisher.publish_many
     calls: list[int] = []
 
@@ -199,8 +201,7 @@ def test_a_signal_just_after_a_parts_answer_leaves_its_ticks_pending_not_lost(
     committed: its ticks are pending (close() writes them back), never
     recorded as run and left unpublished.
     """
-    first = make_scheduler(due_at_once)
-    lead(first)
+    first = leader_of(make_scheduler, due_at_once)
     code = term_module.Term._claim_and_publish.__code__
     source, start = inspect.getsourcelines(term_module.Term._claim_and_publish)
     line = start + next(i for i, text in enumerate(source) if "result.committed.update(part_result.committed)" in text)
@@ -283,8 +284,7 @@ def test_the_fenced_claims_counted_are_the_failed_part_s_not_the_parts_never_sen
 
     As the CHANGELOG says: the claims of the part that failed, not the ticks after it.
     """
-    first = make_scheduler(due_at_once)
-    lead(first)
+    first = leader_of(make_scheduler, due_at_once)
     counted: list[tuple[str, int]] = []
     real_claims = Metrics.claims
 
@@ -315,8 +315,7 @@ def test_a_part_that_conflicts_stops_the_parts_after_it_and_each_entry_is_publis
 ) -> None:
     """Someone writes an entry of part two while part one goes out: part two conflicts, part three is not claimed
     in that pass, and the next passes publish parts two and three, each entry once."""
-    scheduler = make_scheduler(due_at_once)
-    lead(scheduler)
+    scheduler = leader_of(make_scheduler, due_at_once)
     ledger = scheduler.ledger
     sent: list[list[str]] = []
 
@@ -345,8 +344,7 @@ def test_a_part_whose_reply_is_lost_stops_the_parts_after_it_and_each_entry_is_p
 ) -> None:
     """Part two commits but its reply is lost: part three is not claimed in that pass, and the leader (its term
     begun again) settles part two against the ledger and publishes every entry once, none twice."""
-    scheduler = make_scheduler(due_at_once)
-    lead(scheduler)
+    scheduler = leader_of(make_scheduler, due_at_once)
     ledger = scheduler.ledger
     sent: list[list[str]] = []
 
