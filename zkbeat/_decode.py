@@ -27,7 +27,7 @@ import json
 import reprlib
 from typing import Any
 
-__all__ = ["json_object", "brief", "MAX_DEPTH", "BRIEF_MAX"]
+__all__ = ["json_object", "brief", "cut", "MAX_DEPTH", "BRIEF_MAX"]
 
 #: Containers deepest a JSON value may nest (an object holding a list is 2); zkbeat's own data nests 3 or so.
 MAX_DEPTH = 64
@@ -100,5 +100,9 @@ def brief(value: Any) -> str:
     strings: some 140,000 characters from 180 kB of JSON), so the text is cut
     to BRIEF_MAX characters as well.
     """
-    text = _BRIEF.repr(value)
-    return text if len(text) <= BRIEF_MAX else text[: BRIEF_MAX - 1] + "…"
+    return cut(_BRIEF.repr(value), BRIEF_MAX)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, the last an ellipsis where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -86,6 +86,7 @@ from kazoo.exceptions import (
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.states import WatchedEvent
 
+from .._decode import cut
 from .candidates import CandidateReader
 from .layout import LAYOUT_DIR
 
@@ -119,9 +120,9 @@ SETTLE_TIME = 2.0
 #: not load, it refused to lead, its loop stalled) is handed no other by this one: not a shard a few
 #: seconds after each time it steps aside, for as long as it cannot lead.
 FAILED_TARGET_TIME = 300.0
-#: Characters of an unready mark's reason, as written and as read (longer: cut, ending in "…"). A reason
-#: may be an exception's text; one of megabytes would be past ZooKeeper's jute.maxbuffer (1 MiB by
-#: default: the server drops the connection, and no mark is ever written) and would flood `zkbeat status`.
+#: Characters of an unready mark's reason, as written and as read (longer: cut, ending in "…"). zkbeat's own
+#: reason is a short fixed text; the cut guards the write (a reason past ZooKeeper's jute.maxbuffer, 1 MiB by
+#: default, would make the server drop the connection at every write) and `zkbeat status` against a long one.
 MAX_WHY = 300
 #: What a replica id is (uuid4 hex): a child of the unready listing named otherwise is a stranger's, ignored.
 _REPLICA_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -198,7 +199,7 @@ def handover_path(root: str, shard: int = 0, shards: int = 1) -> str:
 
 def cap_why(why: str) -> str:
     """``why`` as a mark holds it: at most MAX_WHY characters, the last an ellipsis where it was cut."""
-    return why if len(why) <= MAX_WHY else why[: MAX_WHY - 1] + "…"
+    return cut(why, MAX_WHY)
 
 
 def unready_path(root: str) -> str:
