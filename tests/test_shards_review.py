@@ -45,13 +45,22 @@ class Loop:
 
 
 def count_terms(scheduler: Any) -> list[tuple[int, int]]:
-    """Record (shard, epoch) each time ``scheduler`` begins a term (becomes leader of a shard)."""
+    """Record (shard, epoch) each time ``scheduler`` begins a term (becomes leader of a shard).
+
+    Recorded once the begin returned: one that raised began nothing. The shard is the one whose election the
+    fence's candidate stands in, not the scheduler's current shard, which :class:`Loop`'s close() (on the
+    test's thread) switches while a pass of the loop's thread may be under way. The same pair twice is a term
+    begun again under the same candidate (after an error; or by that pass in flight, which finds the term
+    close() just ended and begins it again): no handover, which only a new epoch of a shard or another
+    replica's term shows.
+    """
     begun: list[tuple[int, int]] = []
     original = scheduler._begin_term
+    shard_of_election = {shard.election.path: shard.index for shard in scheduler._shards}
 
     def begin(fence: Any) -> None:
-        begun.append((scheduler._shard.index, fence.epoch))
         original(fence)
+        begun.append((shard_of_election[fence.candidate.rsplit("/", 1)[0]], fence.epoch))
 
     scheduler._begin_term = begin
     return begun

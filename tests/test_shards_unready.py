@@ -642,7 +642,13 @@ def test_replicas_marked_unready_keep_a_shard_none_behind_them_can_lead(
         # Many passes of first's retries, each one a chance to step aside.
         wait_for(lambda: min(first_attempts.count(0), first_attempts.count(1)) >= 8, timeout=60)
         assert all(s.election.leadership is not None for s in first._shards)
-    assert sorted(shard for shard, _ in first_terms) == [0, 1], first_terms
+    # One candidate of ``first`` per shard: a step aside would show as a second epoch of a shard (it rejoins at
+    # the back under a new candidate) and as a term of ``second``. The same (shard, epoch) twice is no handover:
+    # Loop closes ``first`` from this thread, and a pass of its loop's thread under way may find the term close()
+    # just ended and begin it again under the same candidate before close() stops the client (about 1 run in
+    # 13 with two busy loops on the machine; celery beat closes on its loop's own thread, once tick() returned),
+    # so the pairs are counted once each.
+    assert sorted(shard for shard, _ in set(first_terms)) == [0, 1], first_terms
     assert second_terms == [], second_terms
 
 
