@@ -30,6 +30,11 @@ minute each) from that moment, in which nothing reads the ledger:
   published;
 * the machine's load average at the launch and at the window's end.
 
+Before the trials, bench/cores.py times two CPU-bound Python processes
+side by side against one alone: two leaders on this machine's two cores
+run at that fraction of one leader's speed, so 2 shards cannot take less
+than 0.5 ÷ it of one shard's time, whatever zkbeat does.
+
 The entry count is ``BENCH_SHARDS_ENTRIES`` (``10000``, ``100000`` or both,
 comma separated; 10,000 by default): 10,000 entries for two rounds,
 100,000 for three. The window ends once every entry was published in each
@@ -47,7 +52,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from bench import probes
+from bench import cores, probes
 from bench.accounting import Accounting, Ledger, account
 from bench.cluster import Flavour, Run
 from bench.context import Bench
@@ -237,7 +242,24 @@ def run(bench: Bench) -> list[Row]:
     every = 20.0 if bench.quick else 60.0
     bench.say(f"shards: 3 replicas, {', '.join(f'{n:,}' for n in counts)} entries every {every:g} s, "
               f"zkbeat_shards = {', '.join(map(str, SHARDS))}")  # fmt: skip
-    rows: list[Row] = []
+    speed = cores.side_by_side_speed()
+    bench.say(f"  this machine: two CPU-bound processes side by side, each at {speed:.2f} of one alone's speed")
+    rows: list[Row] = [
+        Row(
+            "shards: this machine's two cores",
+            "two CPU-bound Python processes side by side, each at this fraction of one alone's speed (bench/cores.py)",
+            "×",
+            {"zkbeat": Sample([speed])},
+            digits=2,
+        ),
+        Row(
+            "shards: this machine's two cores",
+            "so 2 shards take at least this fraction of 1 shard's time (0.5 ÷ the above)",
+            "×",
+            {"zkbeat": Sample([0.5 / speed])},
+            digits=2,
+        ),
+    ]
     for count in counts:
         lead, rounds = (15.0, 2) if bench.quick else PLANS.get(count, PLANS[10_000])
         results = {}
