@@ -35,10 +35,11 @@ class BrokerGone:
 
     While it is away a send fails as one that found the broker gone does
     (nothing sent, ``broker_down``), and the wait for it before a pass's
-    claims (zkbeat.leading.broker.wait_for_broker) gives up.
+    claims (zkbeat.leading.broker.wait_for_broker) gives up, unless it
+    ``connects``: a broker that takes connections and fails every send.
     """
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: int = 1) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: int = 1, connects: bool = False) -> None:
         self.down = False
         self.went = False  # it goes once
         self.at = at
@@ -65,7 +66,7 @@ class BrokerGone:
             return real_publish_many(publisher, sends, producer, writing)
 
         def wait_for_broker(connection, timeout, errback=None):
-            if self.down:
+            if self.down and not connects:
                 return OperationalError("the broker is gone (test)")
             return real_wait(connection, timeout, errback)
 
@@ -88,10 +89,10 @@ def parts_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(term_module, "CLAIM_PART", PART)
 
 
-def request_each(zk_client, zk_root: str) -> dict[str, str]:
-    """One run-now request for every entry, all waiting before the leader's next pass: request name -> entry."""
+def request_each(zk_client, zk_root: str, names: list[str] = NAMES) -> dict[str, str]:
+    """One run-now request for each entry, all waiting before the leader's next pass: request name -> entry."""
     made = {}
-    for name in NAMES:
+    for name in names:
         path = controls.request_trigger(zk_client, zk_root, name, "ops@bastion", scheduled=True)
         made[path.rsplit("/", 1)[1]] = name
     return made
@@ -257,3 +258,23 @@ def test_the_requests_a_pass_put_back_are_read_again_though_no_watch_event_says_
         lambda: f"published {manual_runs(published)}, waiting {inbox(zk_client, zk_root)}, claims {claims}",
     )
     all_once(published, requests, zk_client, zk_root)
+
+
+@pytest.mark.parametrize("count", [PART, len(NAMES)], ids=["one-part-written-back", "and-a-part-never-claimed"])
+def test_run_now_requests_the_broker_could_not_take_are_not_claimed_again_before_the_retry_delay(
+    make_scheduler, published: Published, zk_client, zk_root: str, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    """A broker that takes connections and fails every send: the requests put back wait RETRY_DELAY, as a scheduled
+    tick withdrawn so waits, instead of being claimed, withdrawn and read again in every pass, at once."""
+    monkeypatch.setattr(term_module, "RETRY_DELAY", 3600.0)  # longer than the test: any claim after is too soon
+    scheduler = make_scheduler({name: every(3600) for name in NAMES})
+    lead(scheduler)
+    scheduler.tick()
+    claims = claims_sent(scheduler.ledger, monkeypatch)
+    gone = BrokerGone(monkeypatch, connects=True)
+    requests = request_each(zk_client, zk_root, NAMES[:count])
+
+    wait_for(lambda: scheduler.tick() is not None and gone.down, timeout=15)
+    assert claims, "nothing was claimed"
+    while_gone(scheduler, claims, zk_client, zk_root)
+    assert published.headers == [] and inbox(zk_client, zk_root) == sorted(requests)
