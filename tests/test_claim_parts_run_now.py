@@ -5,9 +5,11 @@ as the scheduled ones are, each claim consuming its requests. When the
 broker goes away while part one's messages go out, part one and part two
 (claimed meanwhile) are written back with their requests put back in the
 inbox, and the parts after them are never claimed: their requests stay in
-the inbox and are read again (Term._not_claimed). Once the broker is back
-every request runs exactly once, the inbox is empty, and no scheduled tick
-of those entries goes out twice.
+the inbox, and all are read again after RETRY_DELAY (as a withdrawn
+scheduled tick is tried again), not at once. Once the broker is back every
+request runs exactly once, the inbox is empty, and no scheduled tick of
+those entries goes out twice: with the broker's failure played by the
+test, and with a real Redis behind a proxy that resets and refuses.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.messages import queued_messages
+from tests.support.proxy import TcpProxy
+from tests.support.servers import RedisServer
 from tests.test_claim_parts import claims_sent, versions
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
@@ -278,3 +283,54 @@ def test_run_now_requests_the_broker_could_not_take_are_not_claimed_again_before
     assert claims, "nothing was claimed"
     while_gone(scheduler, claims, zk_client, zk_root)
     assert published.headers == [] and inbox(zk_client, zk_root) == sorted(requests)
+
+
+def test_with_a_real_redis_gone_in_part_one_each_run_now_and_each_scheduled_tick_is_queued_once(
+    make_scheduler,
+    proxied_redis: tuple[RedisServer, TcpProxy],
+    published: Published,
+    zk_client,
+    zk_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mixed pass again, the broker really gone: the proxy resets the leader's connection and refuses new ones
+    just before the first run-now message is written. What reached Redis is read past the proxy: each run-now and
+    each entry's tick in the queue once."""
+    server, proxy = proxied_redis
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    scheduler = make_scheduler(
+        {name: every(3600, last_run_at=long_ago) for name in NAMES}, broker_url=f"redis://127.0.0.1:{proxy.port}/0"
+    )
+    lead(scheduler)
+    claims = claims_sent(scheduler.ledger, monkeypatch)
+    real_publish = publisher_module.Publisher.publish
+    tried: list[str] = []
+
+    def publish(publisher, entry, slot, producer, request=None):
+        if request is not None and not tried:
+            proxy.reset()
+            wait_for(lambda: not proxy._reset_requested and not proxy._pairs, message="the proxy never reset")
+        tried.append(entry.name)
+        return real_publish(publisher, entry, slot, producer, request)
+
+    monkeypatch.setattr(publisher_module.Publisher, "publish", publish)
+    requests = request_each(zk_client, zk_root)
+    wait_for(lambda: scheduler.tick() is not None and bool(tried), timeout=15)
+    sent = [names for kind, names in claims if kind == "claim"]
+    first, second = sent[0], sent[1]
+    assert all(set(names) <= set(first) | set(second) for names in sent[2:]), f"claimed with Redis gone: {sent}"
+    assert published.headers == [] and inbox(zk_client, zk_root) == sorted(requests)
+    while_gone(scheduler, claims, zk_client, zk_root, passes=2)
+
+    proxy.heal()
+    pump(
+        scheduler,
+        lambda: len(manual_runs(published)) >= len(requests) and len(scheduled_runs(published)) >= len(NAMES),
+        lambda: f"published {published.rows}, waiting {inbox(zk_client, zk_root)}, claims {claims}",
+    )
+    all_once(published, requests, zk_client, zk_root)
+    queued = [message["headers"] for message in queued_messages(server.port, "celery")]
+    ids = [headers["id"] for headers in queued]
+    assert len(ids) == len(set(ids)) == 2 * len(NAMES), f"queued: {[(h['zkbeat-entry'], h['id']) for h in queued]}"
+    assert sorted(h[HEADER_MANUAL] for h in queued if h.get(HEADER_MANUAL)) == sorted(requests)
+    assert Counter(h["zkbeat-entry"] for h in queued if not h.get(HEADER_MANUAL)) == Counter(NAMES)
