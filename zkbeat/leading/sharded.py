@@ -121,8 +121,10 @@ class ShardedLoop:
         inboxes = [s.term.triggers for s in self._shards if s.term is not None and s.term.triggers is not None]
         for inbox in inboxes:
             inbox.on_change = wake.set
-        if any(inbox.changed.is_set() for inbox in inboxes):
+        if any(inbox.ready() for inbox in inboxes):
             return
+        # Requests the broker could not take are read again after a while (TriggerInbox.retry_after): wake then.
+        timeout = min([timeout, *(inbox.held_for() for inbox in inboxes if inbox.changed.is_set())])
         # Against what each shard's part of this pass saw: a change since then wakes at once.
         if any(s.election is not None and s.election.leadership != s.seen for s in self._shards):
             return

@@ -645,7 +645,10 @@ class Term:
             raise error
 
     def _not_claimed(self, ticks: list[_Tick], error: BaseException | None, requeue: list[Requeue]) -> None:
-        """Ticks whose claim was never sent (a part before them failed, or the broker went down): put them back."""
+        """Ticks whose claim was never sent (a part before them failed, or the broker went down): put them back.
+
+        A run-now's request is still in the inbox: read again after RETRY_DELAY, when the broker went down.
+        """
         for tick in ticks:
             if error is None:  # the broker went down: the rest wait for it, unclaimed, as in Term.run
                 self._unreserve(tick)
@@ -654,7 +657,7 @@ class Term:
             else:
                 self._not_committed(tick, error, False, requeue)
         if error is None and any(tick.request is not None for tick in ticks) and self.triggers:
-            self.triggers.again()
+            self.triggers.retry_after(RETRY_DELAY)  # the broker went: read again once a withdrawn tick is due
 
     def _send_part(
         self,
@@ -858,6 +861,8 @@ class Term:
                 self.known[tick.name] = _Known(withdrawn[tick.name], tick.previous)
             if tick.request is None:
                 requeue.append(Requeue(tick.due.entry, tick.due.priority, RETRY_DELAY))
+        if any(tick.request is not None for tick in unsent) and self.triggers is not None:
+            self.triggers.retry_after(RETRY_DELAY)  # put back in the inbox: tried again as a scheduled tick is
 
     def run_manual(self, requests: list[TriggerRequest]) -> None:
         """Run each trigger request once, consumed by the fenced claim that records the run.

@@ -521,6 +521,8 @@ class TriggerInbox:
         self.held: dict[str, str] = {}
         #: Monotonic time of the next read without a watch (held requests, a denied listing).
         self._recheck_at = math.inf
+        #: Monotonic time before which the requests are not read, though their watch fires (:meth:`retry_after`).
+        self._not_before = 0.0
         self._denied_logged = False
         #: Receipts were written since the last prune (and at the start: an
         #: earlier leader may have left some).
@@ -543,8 +545,27 @@ class TriggerInbox:
         """Read the requests again at the first pass ``seconds`` from now (a held one may run by then)."""
         self._recheck_at = min(self._recheck_at, time.monotonic() + max(0.0, seconds))
 
+    def retry_after(self, seconds: float) -> None:
+        """Read the requests again ``seconds`` from now, not sooner: runs the broker could not take were put back.
+
+        Putting them back fires the watch; read at once, a broker that takes
+        connections but fails every send would have them claimed, withdrawn
+        and read again as fast as ZooKeeper answers. They wait as a
+        withdrawn scheduled tick waits; an idle leader wakes for them then.
+        """
+        self._not_before = time.monotonic() + max(0.0, seconds)
+        self.changed.set()
+
+    def held_for(self) -> float:
+        """Seconds before the requests may be read again (:meth:`retry_after`); 0 if they may be now."""
+        return max(0.0, self._not_before - time.monotonic())
+
+    def ready(self) -> bool:
+        """The watch fired (or :meth:`again`), and no :meth:`retry_after` holds the read back."""
+        return self.changed.is_set() and time.monotonic() >= self._not_before
+
     def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a new request; True if one came.
+        """Block up to ``timeout`` seconds for a new request; True if one came (and may be read: :meth:`ready`).
 
         Sleeps in short slices and looks at the watch's flag in between,
         instead of a timed ``Event.wait``: a process whose clocks are shifted
@@ -555,7 +576,7 @@ class TriggerInbox:
         pipe instead (zkbeat.leading.wakeup), which returns under libfaketime too.
         """
         deadline = time.monotonic() + timeout
-        while not self.changed.is_set():
+        while not self.ready():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -570,10 +591,12 @@ class TriggerInbox:
         ACL) is left alone, logged once; so is a ``triggers/`` it may not
         list, read again every DENIED_RECHECK seconds: the schedule runs on.
         Receipts written since the last pass are pruned first (:meth:`prune`).
+        Nothing is read while :meth:`retry_after` holds the read back.
         """
         if self.prune_due:
             self.prune()
-        if not self.changed.is_set() and time.monotonic() < self._recheck_at:
+        now = time.monotonic()
+        if now < self._not_before or (not self.changed.is_set() and now < self._recheck_at):
             return []
         self.changed.clear()
         self._recheck_at = math.inf
