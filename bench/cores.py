@@ -1,10 +1,9 @@
 """How fast two CPU-bound Python processes run side by side on this machine, against one alone.
 
-A sharded burst cannot beat it: with 2 shards on 2 cores, each shard's
-leader runs at this fraction of the speed one leader has alone (before
-ZooKeeper, Redis and the other replicas take their part), so 2 shards take
-at least 0.5 ÷ it of one shard's time. Cores that share a physical core or
-a memory bus, or another tenant's load, show here. The work is the kind a
+The shards scenario's ratios are read against it: with 2 shards on 2
+cores, the two leaders run side by side, each at about this fraction of
+the speed one leader has alone. Cores that share a physical core or a
+memory bus, or another tenant's load, show here. The work is the kind a
 leader does per publish: JSON, string formatting and dict copies.
 """
 
