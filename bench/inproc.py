@@ -14,7 +14,8 @@ wall times, CPU times much less.
 ``--entries N`` sets the size; ``burst --every S --rounds 2`` publishes a
 second round S seconds after each entry's first (every tick an entry's later
 one: the steady state), whose CPU per 1,000 and lateness (publish minus the
-tick's slot) are printed apart. The time spent in the fenced claims (wall,
+tick's slot) are printed apart. The heap's ``is_due()`` answers in the
+window (due / not yet) are counted. The time spent in the fenced claims (wall,
 and CPU of beat's loop) and Python's garbage collections by generation are
 printed too; ``--profile FILE`` writes a cProfile of the window (``--profile-round
 N``: from round N's first publish on). Past 20,000
@@ -167,6 +168,15 @@ def main() -> None:
             scheduler_class = Scheduler
         scheduler = scheduler_class(app)
         assert scheduler.election.wait_for_leadership(timeout=30), "never led"
+        asked = {True: 0, False: 0}  # the heap's is_due answers in the window: due, not due yet
+        entry_is_due = scheduler.entry_is_due
+
+        def counted_is_due(entry):
+            answer = entry_is_due(entry)
+            asked[bool(answer[0])] += 1
+            return answer
+
+        scheduler.entry_is_due = counted_is_due
 
         queue = None
         if args.no_receiver:
@@ -196,6 +206,7 @@ def main() -> None:
         cpu, main, before, spent[0] = time.process_time(), time.thread_time(), published[0], 0.0
         collecting["spent"], collecting["count"] = [0.0, 0.0, 0.0], [0, 0, 0]
         claiming[:] = [0.0, 0.0]
+        asked[True] = asked[False] = 0
         window_started = time.perf_counter()
         if steady:
             window_end = time.time() + 20
@@ -229,7 +240,8 @@ def main() -> None:
         print(
             f"{args.scenario}, {count} entries, {path}: {done} published; CPU per 1,000: {cpu * per:.1f} ms "
             f"(beat's loop {main * per:.1f} ms, of it publishing {spent[0] * per:.1f} ms); "
-            f"leader CPU {cpu:.2f} s{wall}; garbage collections {collected}; logs in {logs}"
+            f"leader CPU {cpu:.2f} s{wall}; is_due answers due / not yet {asked[True]} / {asked[False]}; "
+            f"garbage collections {collected}; logs in {logs}"
         )
     finally:
         if scheduler is not None:
