@@ -45,7 +45,7 @@ HEAP_LAG = 0.001
 class HeapPass:
     """A leader's pass over beat's heap: see the module docstring."""
 
-    def adjust(self, n: Any, drift: float = HEAP_LAG) -> Any:
+    def adjust(self, n: Any, drift: float | None = None) -> Any:
         """Beat's heap time of an entry due in ``n`` seconds: ``HEAP_LAG`` after its due moment, not before.
 
         Celery's ``adjust`` puts it 10 ms before (its own tick then spins on
@@ -56,7 +56,7 @@ class HeapPass:
         first was published).
         """
         if n and n > 0:
-            return n + drift
+            return n + (HEAP_LAG if drift is None else drift)  # read when called: the module's value, if changed
         return n
 
     def _lead(self) -> float:
