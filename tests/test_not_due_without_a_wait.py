@@ -15,7 +15,8 @@ from datetime import timedelta
 import pytest
 from celery import schedules
 
-from tests.support.helpers import Published, every, lead
+from tests.support.helpers import Published, every, lead, lead_until_published
+from zkbeat.leading import heap_pass
 
 #: is_due() calls, by answer (beat may copy the schedule: the count is kept here).
 ASKED: Counter = Counter()
@@ -38,9 +39,10 @@ class NeverDue(schedules.schedule):
 
 @pytest.mark.parametrize("answer", [0, -1.0, math.nan], ids=["zero", "negative", "nan"])
 def test_a_schedule_never_due_with_no_time_left_is_asked_again_after_a_while_not_in_every_pass(
-    make_scheduler, published: Published, answer: float
+    make_scheduler, published: Published, answer: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The leader's passes each return a wait (beat's loop sleeps), and the entry is not asked in each of them."""
+    monkeypatch.setattr(heap_pass, "RETRY_DELAY", 3600.0)  # the wait is then beat's max interval: 30 s
     never = NeverDue(answer)
     scheduler = make_scheduler(
         {"never": {"task": "zkbeat.test", "schedule": never}, "plain": every(3600)}, beat_max_loop_interval=30
@@ -50,6 +52,34 @@ def test_a_schedule_never_due_with_no_time_left_is_asked_again_after_a_while_not
     scheduler.tick()  # the term begins and the heap is built
     ASKED.clear()
     waits = [scheduler.tick() for _ in range(5)]
-    assert all(wait > 0.5 for wait in waits), f"the leader's passes returned {waits}: beat's loop spins"
+    assert all(wait > 1 for wait in waits), f"the leader's passes returned {waits}: beat's loop spins"
     assert ASKED[repr(answer)] <= 1, f"asked {ASKED[repr(answer)]} times in 5 passes"
     assert published.headers == []
+
+
+class DueAfterNaN(schedules.schedule):
+    """Answers "not due, NaN seconds" at first, then due (every hour); its answers are counted in ASKED."""
+
+    def __init__(self) -> None:
+        super().__init__(timedelta(hours=1))
+
+    def is_due(self, last_run_at):
+        ASKED["then-due"] += 1
+        if ASKED["then-due"] <= 2:
+            return schedules.schedstate(False, math.nan)
+        return schedules.schedstate(True, 3600.0)
+
+    def __reduce__(self):
+        return (self.__class__, ())
+
+
+def test_an_entry_whose_schedule_answered_nan_is_asked_again_and_runs_once_due(
+    make_scheduler, published: Published
+) -> None:
+    """A NaN on beat's heap sinks below the other entries and is never popped again (no time is past NaN): the
+    entry was never asked again, nor run."""
+    ASKED.clear()
+    entries = {"then-due": {"task": "zkbeat.test", "schedule": DueAfterNaN()}, "hourly": every(3600)}
+    scheduler = make_scheduler(entries)
+    lead_until_published(scheduler, published, ["then-due"], timeout=20)
+    assert published.count("then-due") == 1
