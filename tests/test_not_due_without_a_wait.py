@@ -83,3 +83,25 @@ def test_an_entry_whose_schedule_answered_nan_is_asked_again_and_runs_once_due(
     scheduler = make_scheduler(entries)
     lead_until_published(scheduler, published, ["then-due"], timeout=20)
     assert published.count("then-due") == 1
+
+
+class DueWithNaN(schedules.schedule):
+    """Due at every ask (a slot every 0.2 s), its next look in NaN seconds (counted in ASKED)."""
+
+    def __init__(self) -> None:
+        super().__init__(timedelta(seconds=0.2))
+
+    def is_due(self, last_run_at):
+        ASKED["due-nan"] += 1
+        return schedules.schedstate(True, math.nan)
+
+    def __reduce__(self):
+        return (self.__class__, ())
+
+
+def test_an_entry_run_with_a_nan_next_look_is_asked_again(make_scheduler, published: Published) -> None:
+    """After its run the entry went back on beat's heap NaN seconds on, and sank there for good: run once, never
+    again. It is asked again after beat's max interval instead (and, due again, runs again)."""
+    entries = {"due-nan": {"task": "zkbeat.test", "schedule": DueWithNaN()}, "hourly": every(3600)}
+    scheduler = make_scheduler(entries)
+    lead_until_published(scheduler, published, ["due-nan"], times=2, timeout=20)

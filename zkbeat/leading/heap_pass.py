@@ -180,6 +180,8 @@ class HeapPass:
         clock = self.pass_clock
         for item in requeue:
             delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
+            if delay != delay:  # NaN (a custom schedule's next look): no time is past it, the entry would sink
+                delay = self.max_interval
             when = clock.when(item.entry, self.adjust(delay)) if since is not None else None
             if when is None:  # the entry's own clock, read now: less the time since the pass looked
                 when = self._when_safe(item.entry, delay) - elapsed
