@@ -218,3 +218,12 @@ def test_beat_s_heap_wakes_a_leader_when_its_entries_are_due_not_just_before(
         time.sleep(min(scheduler.tick() or 0, 1.0))
     assert len(published.headers) >= 150, "the entries were not published"
     assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"
+
+
+def test_the_heap_lag_the_changelog_names_is_the_one_adjust_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``zkbeat.leading.heap_pass.HEAP_LAG`` is read when beat's heap places an entry, not frozen at import."""
+    from zkbeat.leading import heap_pass
+
+    monkeypatch.setattr(heap_pass, "HEAP_LAG", 0.25)
+    assert heap_pass.HeapPass().adjust(2.0) == 2.25
+    assert heap_pass.HeapPass().adjust(0) == 0

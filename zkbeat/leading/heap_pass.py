@@ -25,7 +25,7 @@ from celery import beat
 
 from .._collector import no_collection
 from ..ticking.ticks import delay_to_slot
-from .term import Due, Requeue
+from .term import RETRY_DELAY, Due, Requeue
 
 __all__ = ["HEAP_LAG", "HeapPass", "MAX_BATCH"]
 
@@ -45,7 +45,7 @@ HEAP_LAG = 0.001
 class HeapPass:
     """A leader's pass over beat's heap: see the module docstring."""
 
-    def adjust(self, n: Any, drift: float = HEAP_LAG) -> Any:
+    def adjust(self, n: Any, drift: float | None = None) -> Any:
         """Beat's heap time of an entry due in ``n`` seconds: ``HEAP_LAG`` after its due moment, not before.
 
         Celery's ``adjust`` puts it 10 ms before (its own tick then spins on
@@ -56,7 +56,7 @@ class HeapPass:
         first was published).
         """
         if n and n > 0:
-            return n + drift
+            return n + (HEAP_LAG if drift is None else drift)  # read when called: the module's value, if changed
         return n
 
     def _lead(self) -> float:
@@ -180,6 +180,8 @@ class HeapPass:
         clock = self.pass_clock
         for item in requeue:
             delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
+            if delay != delay:  # NaN (a custom schedule's next look): no time is past it, the entry would sink
+                delay = self.max_interval
             when = clock.when(item.entry, self.adjust(delay)) if since is not None else None
             if when is None:  # the entry's own clock, read now: less the time since the pass looked
                 when = self._when_safe(item.entry, delay) - elapsed
@@ -190,7 +192,9 @@ class HeapPass:
 
         It is asked again every ``max_interval`` (a fixed row or a clock that
         moved on may cure it), and logged again only when its error changes.
-        Celery's own scheduler does the same only from 5.7 on. Before Celery
+        Celery's own scheduler does the same only from 5.7 on. Not due with
+        no time left (0, less, NaN: a custom schedule's answer) is asked again
+        after RETRY_DELAY, not at once in every pass. Before Celery
         5.5 a crontab's wait ends at its slot, not an hour past it across the
         spring-forward jump (ticks.delay_to_slot).
         """
@@ -203,6 +207,10 @@ class HeapPass:
         if self._broken.pop((entry.name, "schedule"), None) is not None:
             logger.info("zkbeat: %s is scheduled again", entry.name)
             self.metrics.left_out(len({name for name, _ in self._broken}))
+        if not is_due and not _time_left(next_time):
+            # Not due with no time left (a custom schedule's 0, less, NaN): placed at once, it would be popped and
+            # asked in every pass, each returning 0 (beat's loop spinning). Asked again after RETRY_DELAY instead.
+            return False, min(RETRY_DELAY, self.max_interval)
         return is_due, delay_to_slot(entry, is_due, next_time)
 
     def leave_out(self, entry: beat.ScheduleEntry, exc: BaseException, what: str = "entry") -> None:
@@ -231,3 +239,13 @@ class HeapPass:
             return (self._when(entry, delay) or 0) if when is None else when
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) failed
             return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+
+
+def _time_left(seconds: Any) -> bool:
+    """Whether a not-due answer's wait is a time to wait: a number above 0 (None: beat's max interval, as ever)."""
+    if seconds is None:
+        return True
+    try:
+        return bool(seconds > 0)
+    except TypeError:
+        return True  # not a number: _push waits max_interval for it, as before

@@ -908,8 +908,8 @@ class Term:
         if not ticks:
             return
         producer = self.publisher.producer(len(ticks))
-        if producer is None:
-            self.triggers.again()
+        if producer is None:  # the broker is down: read again once a scheduled tick of this pass is tried again
+            self.triggers.retry_after(RETRY_DELAY)
             return
         self._claim_and_publish(ticks, producer, now, [])  # a run-now puts nothing back on the heap
 
