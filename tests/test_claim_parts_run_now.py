@@ -174,6 +174,20 @@ def pump(scheduler, until, state) -> None:
         scheduler.tick()
 
 
+def back_and_each_request_run_once(
+    scheduler, gone: BrokerGone, published: Published, requests: dict[str, str], zk_client, zk_root: str,
+    also=lambda: True, claims: list | None = None,
+) -> None:  # fmt: skip
+    """The broker back: the leader's passes until every request ran (and ``also``); then each ran once."""
+    gone.back()
+    pump(
+        scheduler,
+        lambda: len(manual_runs(published)) >= len(requests) and also(),
+        lambda: f"published {published.rows}, waiting {inbox(zk_client, zk_root)}, claims {claims}",
+    )
+    all_once(published, requests, zk_client, zk_root)
+
+
 @pytest.mark.parametrize("at", [1, 2], ids=["at-its-first-message", "at-its-second-message"])
 def test_run_now_requests_in_parts_the_broker_gone_in_part_one_each_run_once_when_it_is_back(
     make_scheduler, published: Published, zk_client, zk_root: str, monkeypatch: pytest.MonkeyPatch, at: int
@@ -195,13 +209,7 @@ def test_run_now_requests_in_parts_the_broker_gone_in_part_one_each_run_once_whe
     )
     while_gone(scheduler, claims, zk_client, zk_root)
 
-    gone.back()
-    pump(
-        scheduler,
-        lambda: len(manual_runs(published)) >= len(requests),
-        lambda: f"published {manual_runs(published)}, waiting {inbox(zk_client, zk_root)}, claims {claims}",
-    )
-    all_once(published, requests, zk_client, zk_root)
+    back_and_each_request_run_once(scheduler, gone, published, requests, zk_client, zk_root, claims=claims)
     assert scheduled_runs(published) == []
 
 
@@ -223,13 +231,9 @@ def test_run_now_requests_and_scheduled_ticks_of_one_pass_the_broker_gone_in_par
     assert inbox(zk_client, zk_root) == sorted(requests)
     while_gone(scheduler, claims, zk_client, zk_root)
 
-    gone.back()
-    pump(
-        scheduler,
-        lambda: len(manual_runs(published)) >= len(requests) and len(scheduled_runs(published)) >= 6,
-        lambda: f"published {published.rows}, waiting {inbox(zk_client, zk_root)}, claims {claims}",
+    back_and_each_request_run_once(
+        scheduler, gone, published, requests, zk_client, zk_root, lambda: len(scheduled_runs(published)) >= 6, claims
     )
-    all_once(published, requests, zk_client, zk_root)
     ticks = scheduled_runs(published)
     assert Counter(entry for entry, _ in ticks) == Counter(NAMES), f"scheduled ticks: {ticks}"
     assert len(set(ticks)) == len(ticks), f"a scheduled tick went out twice: {ticks}"
@@ -256,13 +260,7 @@ def test_the_requests_a_pass_put_back_are_read_again_though_no_watch_event_says_
 
     the_broken_pass(scheduler, gone, claims, zk_client)
     assert published.headers == [] and inbox(zk_client, zk_root) == sorted(requests)
-    gone.back()
-    pump(
-        scheduler,
-        lambda: len(manual_runs(published)) >= len(requests),
-        lambda: f"published {manual_runs(published)}, waiting {inbox(zk_client, zk_root)}, claims {claims}",
-    )
-    all_once(published, requests, zk_client, zk_root)
+    back_and_each_request_run_once(scheduler, gone, published, requests, zk_client, zk_root, claims=claims)
 
 
 @pytest.mark.parametrize("count", [PART, len(NAMES)], ids=["one-part-written-back", "and-a-part-never-claimed"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.helpers import Published, every, lead
-from tests.test_claim_parts_run_now import NAMES, BrokerGone, all_once, inbox, manual_runs, pump, request_each
+from tests.test_claim_parts_run_now import NAMES, BrokerGone, back_and_each_request_run_once, inbox, request_each
 from zkbeat.leading import term as term_module
 
 
@@ -47,10 +47,4 @@ def test_run_now_requests_that_found_no_producer_each_run_once_when_the_broker_i
     scheduler.tick()
     assert gone.waited, "the requests were not tried while the broker was away"
     assert published.headers == [] and inbox(zk_client, zk_root) == sorted(requests)
-    gone.back()
-    pump(
-        scheduler,
-        lambda: len(manual_runs(published)) >= len(requests),
-        lambda: f"published {manual_runs(published)}, waiting {inbox(zk_client, zk_root)}",
-    )
-    all_once(published, requests, zk_client, zk_root)
+    back_and_each_request_run_once(scheduler, gone, published, requests, zk_client, zk_root)
