@@ -105,3 +105,21 @@ def test_an_entry_run_with_a_nan_next_look_is_asked_again(make_scheduler, publis
     entries = {"due-nan": {"task": "zkbeat.test", "schedule": DueWithNaN()}, "hourly": every(3600)}
     scheduler = make_scheduler(entries)
     lead_until_published(scheduler, published, ["due-nan"], times=2, timeout=20)
+
+
+@pytest.mark.parametrize("answer", [0, -1.0, math.nan], ids=["zero", "negative", "nan"])
+def test_a_schedule_never_due_with_no_time_left_is_asked_again_after_the_retry_delay_not_beat_s_max_interval(
+    make_scheduler, answer: float
+) -> None:
+    """The CHANGELOG's "asked again after 1 s": the test above passes with beat's max interval too (its
+    RETRY_DELAY is patched above it), and the suite's max interval (0.5 s) is below RETRY_DELAY."""
+    scheduler = make_scheduler(
+        {"never": {"task": "zkbeat.test", "schedule": NeverDue(answer)}, "plain": every(3600)},
+        beat_max_loop_interval=30,
+    )
+    scheduler.wait_in_tick = False
+    lead(scheduler)
+    scheduler.tick()  # the term begins and the heap is built: "never" placed RETRY_DELAY on
+    wait = scheduler.tick()
+    assert 0 < wait <= heap_pass.RETRY_DELAY + heap_pass.HEAP_LAG, f"the next pass comes {wait}s on"
+    assert scheduler._heap[0][2].name == "never"
