@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from celery import schedules
@@ -123,3 +124,28 @@ def test_a_schedule_never_due_with_no_time_left_is_asked_again_after_the_retry_d
     wait = scheduler.tick()
     assert 0 < wait <= heap_pass.RETRY_DELAY + heap_pass.HEAP_LAG, f"the next pass comes {wait}s on"
     assert scheduler._heap[0][2].name == "never"
+
+
+class NeverDueIncomparable(schedules.schedule):
+    """Never due; its wait is a Decimal NaN, which ``>`` refuses with InvalidOperation (not a TypeError)."""
+
+    def __init__(self) -> None:
+        super().__init__(timedelta(hours=1))
+
+    def is_due(self, last_run_at):
+        ASKED["incomparable"] += 1
+        return schedules.schedstate(False, Decimal("NaN"))
+
+    def __reduce__(self):
+        return (self.__class__, ())
+
+
+def test_a_not_due_answer_whose_wait_cannot_be_compared_leaves_the_term_and_the_other_entries_alone(
+    make_scheduler, published: Published
+) -> None:
+    """One entry's odd answer must not end the leader's term in every pass (every replica's, in turn): the
+    schedule would stop. Its wait is not a number: it is asked again after beat's max interval, as before."""
+    entries = {"odd": {"task": "zkbeat.test", "schedule": NeverDueIncomparable()}, "often": every(0.2)}
+    scheduler = make_scheduler(entries)
+    lead_until_published(scheduler, published, ["often"], times=3, timeout=20)
+    assert published.count("odd") == 0

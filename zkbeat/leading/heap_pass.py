@@ -247,5 +247,5 @@ def _time_left(seconds: Any) -> bool:
         return True
     try:
         return bool(seconds > 0)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - TypeError, or a Decimal NaN's InvalidOperation: one entry stops no pass
         return True  # not a number: _push waits max_interval for it, as before
