@@ -8,6 +8,7 @@ message was handed to the broker), which is what the tests count.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -37,6 +38,10 @@ logging.getLogger("zkbeat.coordination.liveness").setLevel(logging.DEBUG)
 # Any other logger a test reads at DEBUG, e.g. ["kazoo.client.zkbeat"].
 for _logger in json.loads(os.environ.get("ZKBEAT_TEST_DEBUG_LOGGERS", "[]")):
     logging.getLogger(_logger).setLevel(logging.DEBUG)
+
+# SIGWINCH (ignored by default): every thread's stack to the log, for a test
+# whose replica does not exit when it should (tests.support.processes.Replica.wait).
+faulthandler.register(signal.SIGWINCH, all_threads=True)
 
 app = Celery("beatapp")
 app.conf.update(

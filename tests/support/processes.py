@@ -152,8 +152,16 @@ class Replica(LoggedProcess):
         return self
 
     def wait(self, timeout: float = 20) -> int:
+        """The exit code; a replica still running after ``timeout`` fails with its threads' stacks and its log."""
         assert self.process is not None
-        return self.process.wait(timeout)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGWINCH)  # tests.support.beatapp: faulthandler writes every thread's stack
+            time.sleep(2)
+            raise AssertionError(
+                f"{self.identity} (pid {self.pid}) still runs {timeout:g} s on; its stacks and log:\n{self.log()[-12000:]}"
+            ) from None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
