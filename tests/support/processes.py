@@ -160,7 +160,8 @@ class Replica(LoggedProcess):
             self.signal(signal.SIGWINCH)  # tests.support.beatapp: faulthandler writes every thread's stack
             time.sleep(2)
             raise AssertionError(
-                f"{self.identity} (pid {self.pid}) still runs {timeout:g} s on; its stacks and log:\n{self.log()[-12000:]}"
+                f"{self.identity} (pid {self.pid}) still runs {timeout:g} s on; its stacks and log:\n"
+                + self.log()[-12000:]
             ) from None
 
     def log(self) -> str:
