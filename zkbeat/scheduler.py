@@ -35,7 +35,7 @@ from .coordination.peers import PeerCheck
 from .coordination.shards import FairShare
 from .exceptions import ConfigurationError
 from .leading._signals import hold_shutdown_signals, shutdown_signal_handled
-from .leading.broker import beat_connection
+from .leading.broker import beat_connection, close_connection
 from .leading.heap_pass import HeapPass
 from .leading.leadership import ShardLeadership
 from .leading.replica import Replica
@@ -306,6 +306,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
             # at most SIGNAL_HOLD_LIMIT, so that a close() that hangs can be cut.
             with hold_shutdown_signals(limit=SIGNAL_HOLD_LIMIT):
                 self._leave()  # the host's record (sync_at_close), the handover, then what the host wrote late
+                close_connection(self)  # bounded: Celery's own release would wait on a silent broker forever
                 super().close()
             return
         super().close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -298,6 +299,46 @@ def forget(scheduler: Any) -> None:
             connection.collect()
         except Exception:  # noqa: BLE001 - it is broken already; we only let it go
             logger.debug("zkbeat: error releasing the broker connection", exc_info=True)
+
+
+#: Longest close() waits for the broker to answer the close of beat's
+#: connection (a healthy one answers in milliseconds).
+CLOSE_TIMEOUT = 2.0
+
+
+def close_connection(scheduler: Any, timeout: float = CLOSE_TIMEOUT) -> bool:
+    """At shutdown: close beat's broker connection politely, waiting at most ``timeout`` for the broker.
+
+    Celery's own close releases the connection, and on py-amqp that waits
+    for the broker's close-ok with no limit: a RabbitMQ that stops reading
+    (a memory or disk alarm blocks publishers; a link that drops every
+    packet) would keep the process from ever exiting after its handover.
+    The release runs on a daemon thread of its own; past ``timeout`` it is
+    left to the process's exit. True if it finished in time (or there was
+    no connection).
+    """
+    connection = scheduler.__dict__.pop("connection", None)
+    scheduler.__dict__.pop("producer", None)
+    if connection is None:
+        return True
+    released = threading.Event()
+
+    def release() -> None:
+        try:
+            connection.release()
+        except Exception:  # noqa: BLE001 - shutting down: nothing more is sent on it
+            logger.debug("zkbeat: error closing the broker connection", exc_info=True)
+        finally:
+            released.set()
+
+    threading.Thread(target=release, name="zkbeat-broker-close", daemon=True).start()
+    if released.wait(timeout):
+        return True
+    logger.warning(
+        "zkbeat: the broker did not answer the close of beat's connection within %g s; exiting without its answer",
+        timeout,
+    )
+    return False
 
 
 #: Longest a probe of the broker may take, connecting and waiting included (on
