@@ -24,7 +24,7 @@ import os
 import signal
 import time
 
-from bench import wire
+from bench import cores, wire
 from bench.cluster import BECAME_LEADER, FLAVOURS, ZKBEAT, Flavour, Run
 from bench.context import Bench, takeover_after, wait_settled, wait_started
 from bench.stats import Row, Sample
@@ -102,6 +102,8 @@ def run(bench: Bench) -> list[Row]:
     flavours = _flavours(os.environ.get("BENCH_BURST_FLAVOURS"))  # e.g. "zkbeat": without the others' long bursts
     lead = 4.0 if bench.quick else 12.0
     bench.say(f"burst: {n} entries due at one moment, x{trials}")
+    pace = cores.alone_seconds()
+    bench.say(f"  this machine: bench/cores.py's work on one core in {pace:.3f} s")
     samples = {
         "all": {f.key: Sample(cap=CAP) for f in FLAVOURS},
         "first": {f.key: Sample(cap=CAP) for f in FLAVOURS},
@@ -141,6 +143,13 @@ def run(bench: Bench) -> list[Row]:
             digits=3,
         ),
         Row(scenario, "first published, after the due moment", "s", samples["first"], digits=3),
+        Row(
+            scenario,
+            "this machine's pace: bench/cores.py's work on one core (the seconds above move with it)",
+            "s",
+            {"zkbeat": Sample([pace])},
+            digits=3,
+        ),
         Row(
             scenario,
             "entries published more than once (total over the trials)",

@@ -36,6 +36,16 @@ def _together(count: int) -> list[float]:
     return [float(proc.communicate(timeout=120)[0]) for proc in procs]
 
 
+def alone_seconds(trials: int = 3) -> float:
+    """One process's seconds for the work alone, median of ``trials``: this machine's pace on the day.
+
+    The absolute rows (the burst's seconds) move with it: the same code on
+    the same machine ran its burst 1.8 s one evening and 3.4 s two days
+    later, when this took longer by about as much.
+    """
+    return statistics.median(_together(1)[0] for _ in range(trials))
+
+
 def side_by_side_speed(trials: int = 3) -> float:
     """Each of two processes' speed side by side ÷ one's speed alone (1.0: two full cores), median of ``trials``."""
     speeds = []
@@ -47,4 +57,5 @@ def side_by_side_speed(trials: int = 3) -> float:
 
 
 if __name__ == "__main__":
+    print(f"the work alone: {alone_seconds():.3f} s")
     print(f"two processes side by side, each at {side_by_side_speed():.2f} of one alone's speed")
