@@ -40,8 +40,9 @@ def alone_seconds(trials: int = 3) -> float:
     """One process's seconds for the work alone, median of ``trials``: this machine's pace on the day.
 
     The absolute rows (the burst's seconds) move with it: the same code on
-    the same machine ran its burst 1.8 s one evening and 3.4 s two days
-    later, when this took longer by about as much.
+    the same machine ran its burst in 1.8 s one evening and 3.4 s two days
+    later, when this work took 1.35 s (ROUNDS was sized to about a second
+    when it was written).
     """
     return statistics.median(_together(1)[0] for _ in range(trials))
 
