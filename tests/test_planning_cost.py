@@ -13,9 +13,11 @@ import gc
 import logging
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 
 import celery.app.base
 import pytest
+from celery.schedules import schedule
 from celery.signals import before_task_publish
 
 from tests.support.helpers import Published, every, lead, wait_for
@@ -213,6 +215,60 @@ def test_beat_s_heap_wakes_a_leader_when_its_entries_are_due_not_just_before(
 
     monkeypatch.setattr(scheduler, "_scan", scan_counted)
     monkeypatch.setattr(scheduler, "entry_is_due", asked_counted)
+    deadline = time.monotonic() + 30
+    while len(published.headers) < 150 and time.monotonic() < deadline:
+        time.sleep(min(scheduler.tick() or 0, 1.0))
+    assert len(published.headers) >= 150, "the entries were not published"
+    assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"
+
+
+class OwnSchedule(schedule):
+    """A schedule class of the user's own: the pass's clock does not answer its is_due, the entry's own does."""
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(lambda: OwnSchedule(timedelta(seconds=0.5)), id="a schedule subclass"),
+        pytest.param(lambda: schedule(timedelta(seconds=0.5), nowfun=_utc_now), id="a schedule with its own clock"),
+    ],
+)
+def test_entries_the_pass_clock_does_not_answer_for_are_not_taken_off_the_heap_early(
+    kind, make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, for entries whose is_due reads their own clock (a schedule subclass, a nowfun; crontabs and
+    django-celery-beat's rows too): each wait counts from the moment that clock was read, not from the pass's
+    reading, which came earlier. From the reading, an entry asked late in a long pass (a burst, a heap rebuilt
+    from 10,000 rows: seconds) went back on the heap that much early and was asked again in vain."""
+    names = [f"own-{i:02d}" for i in range(30)]
+    scheduler = make_scheduler({name: every(0.5, schedule=kind()) for name in names}, beat_max_loop_interval=1)
+    lead(scheduler)
+    early: list[tuple[str, float]] = []
+    scanning = [False]
+    asked = scheduler.entry_is_due
+    scan = scheduler._scan
+
+    def scan_counted(heap):
+        scanning[0] = True
+        try:
+            return scan(heap)
+        finally:
+            scanning[0] = False
+
+    def asked_counted(entry):
+        answer = asked(entry)
+        time.sleep(0.0002)  # each answer takes a while, as a crontab's or a database row's does
+        if scanning[0] and not answer[0]:
+            early.append((entry.name, answer[1]))
+        return answer
+
+    monkeypatch.setattr(scheduler, "_scan", scan_counted)
+    monkeypatch.setattr(scheduler, "entry_is_due", asked_counted)
+    scheduler.invalidate_heap()  # built again under the slow answers: its first placements count too
     deadline = time.monotonic() + 30
     while len(published.headers) < 150 and time.monotonic() < deadline:
         time.sleep(min(scheduler.tick() or 0, 1.0))

@@ -45,6 +45,9 @@ HEAP_LAG = 0.001
 class HeapPass:
     """A leader's pass over beat's heap: see the module docstring."""
 
+    #: Whether the last entry_is_due() was answered on the entry's own clock (not the pass's reading).
+    _own_clock_answered = True
+
     def adjust(self, n: Any, drift: float | None = None) -> Any:
         """Beat's heap time of an entry due in ``n`` seconds: ``HEAP_LAG`` after its due moment, not before.
 
@@ -150,6 +153,7 @@ class HeapPass:
         """Pop the entries whose time has come; sort them into due and not due yet."""
         dues: list[Due] = []
         later: list[Requeue] = []
+        monotonic = time.monotonic
         while heap and len(dues) < MAX_BATCH:
             event = heap[0]
             entry = event[2]
@@ -157,13 +161,14 @@ class HeapPass:
                 break
             heapq.heappop(heap)
             is_due, next_time = self.entry_is_due(entry)
+            asked = monotonic() if self._own_clock_answered else None  # see _push
             wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
             if wait > 0:
                 later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
             elif is_due:
-                dues.append(Due(entry, event[1], next_time))
+                dues.append(Due(entry, event[1], next_time, asked))
             else:
-                later.append(Requeue(entry, event[1], next_time))
+                later.append(Requeue(entry, event[1], next_time, asked))
         return dues, later
 
     def _push(self, requeue: list[Requeue], since: float | None = None) -> None:
@@ -176,14 +181,21 @@ class HeapPass:
         heap = self._heap
         if heap is None:
             return  # rebuilt from the schedule at the next pass
-        elapsed = 0.0 if since is None else max(0.0, time.monotonic() - since)
+        pushed = time.monotonic()
+        elapsed = 0.0 if since is None else max(0.0, pushed - since)
         clock = self.pass_clock
         for item in requeue:
             delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
             if delay != delay:  # NaN (a custom schedule's next look): no time is past it, the entry would sink
                 delay = self.max_interval
             when = clock.when(item.entry, self.adjust(delay)) if since is not None else None
-            if when is None:  # the entry's own clock, read now: less the time since the pass looked
+            if item.asked is not None:
+                # The wait was counted on the entry's own clock, read then (its is_due; reserve() for an
+                # interval's successor): from that moment, not the pass's reading, which came earlier. From
+                # the reading, an entry asked late in a long pass (a burst: seconds) would come back early,
+                # be asked again in vain, and a burst of crontabs or database rows would ask each twice.
+                when = self._when_real(item.entry, delay) - max(0.0, pushed - item.asked)
+            elif when is None:  # the entry's own clock, read now: less the time since the pass looked
                 when = self._when_safe(item.entry, delay) - elapsed
             heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
 
@@ -200,6 +212,7 @@ class HeapPass:
         """
         try:
             answer = self.pass_clock.is_due(entry) if type(self).is_due is beat.Scheduler.is_due else None
+            self._own_clock_answered = answer is None
             is_due, next_time = self.is_due(entry) if answer is None else answer
         except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
             self.leave_out(entry, exc, "schedule")
@@ -231,6 +244,21 @@ class HeapPass:
             self.max_interval,
             exc_info=not isinstance(exc, (ValueError, TypeError)),
         )
+
+    def reserves_at_reading(self, entry: beat.ScheduleEntry) -> bool:
+        """Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run (as it decides)."""
+        return type(entry).__next__ is beat.ScheduleEntry.__next__ and self.pass_clock.now_for(entry) is not None
+
+    def _heap_time(self, entry: beat.ScheduleEntry, delay: float) -> float:
+        """Beat's heap time of ``entry``, ``delay`` after the moment entry_is_due() just answered on."""
+        return self._when_real(entry, delay) if self._own_clock_answered else self._when_safe(entry, delay)
+
+    def _when_real(self, entry: beat.ScheduleEntry, delay: float) -> float:
+        """Celery's ``_when`` on the entry's own clock, read now (not the pass's reading)."""
+        try:
+            return self._when(entry, delay) or 0
+        except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) or its wait failed
+            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
 
     def _when_safe(self, entry: beat.ScheduleEntry, delay: float) -> float:
         """Celery's ``_when`` (the heap's timestamp); now plus the delay if the entry cannot say."""

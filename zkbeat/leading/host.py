@@ -67,6 +67,9 @@ class ScheduleView:
     keeps_own_run: Callable[[ScheduleEntry, EntryState], bool]
     #: Whether the schedule is the host's whole schedule (False: its last read failed).
     loaded: Callable[[], bool]
+    #: Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run (an interval's next
+    #: wait then counts from that reading); False: from the moment reserve() returned.
+    reserves_at_reading: Callable[[ScheduleEntry], bool] = lambda entry: False
     #: Whether entry ``name`` is the term's shard's (zkbeat.coordination.shards): a term reads, merges and
     #: keeps the ledger of its own shard's entries only. Fixed when the term is made.
     holds: Callable[[str], bool] = lambda name: True

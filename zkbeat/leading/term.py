@@ -96,6 +96,8 @@ class Due:
     entry: beat.ScheduleEntry
     priority: int
     next_time: float
+    #: When the entry's own clock answered ``next_time`` (monotonic; None: the pass's clock answered it).
+    asked: float | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class Requeue:
     entry: beat.ScheduleEntry
     priority: int
     delay: float
+    #: When the entry's own clock read the moment ``delay`` counts from (monotonic; None: the pass's reading).
+    asked: float | None = None
 
 
 @dataclass
@@ -128,6 +132,10 @@ class _Tick:
     #: next if not as Celery says (catch-up 'all' goes on from the slot).
     why: str = ""
     next_delay: float | None = None
+    #: The moment (monotonic) Celery's next delay counts from where the entry's own clock read it
+    #: (zkbeat.leading.heap_pass ``_push``): an interval's, reserve() reading it for the successor's last
+    #: run; any other schedule's, its is_due answer. None: the pass's clock reading.
+    next_from: float | None = None
 
     #: The entry's name (looked up many times a tick: kept, not asked of the entry each time).
     name: str = field(init=False)
@@ -822,13 +830,13 @@ class Term:
             return True  # a run-now leaves the schedule alone, its run count included
         self.metrics.tick_settled(tick.name)
         self.schedule[tick.name] = tick.next_entry
-        delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
+        delay, asked = (tick.due.next_time, tick.next_from) if tick.next_delay is None else (tick.next_delay, None)
         if tick.paused is not None:
             # Checked again within beat's max interval, not at its next run
             # (tomorrow, for a daily entry): a resume takes effect on this
             # leader as soon as it would on a new one.
             delay = min(delay, self.max_interval)
-        requeue.append(Requeue(tick.next_entry, tick.due.priority, delay))
+        requeue.append(Requeue(tick.next_entry, tick.due.priority, delay, asked))
         return True
 
     def _interrupted(self, ticks: list[_Tick], result: ClaimResult) -> None:
@@ -1055,6 +1063,10 @@ class Term:
             updated_at=now,
         )
         next_entry = self.view.reserve(entry)
+        if isinstance(entry.schedule, schedules.schedule):  # an interval: from its successor's last run
+            next_from = None if self.view.reserves_at_reading(entry) else time.monotonic()
+        else:  # a crontab's, a solar's wait: from the moment its is_due answered
+            next_from = due.asked
         try:
             if skip:
                 next_entry.total_run_count = entry.total_run_count  # a skip is not a run
@@ -1063,6 +1075,7 @@ class Term:
                 next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
                 next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
             elif nominal_now != now and isinstance(entry.schedule, schedules.schedule):
+                next_from = None  # counts from the nominal moment, before reserve() read the clock: as before
                 # An interval counts from the last run, which reserve() sets to
                 # now: the jittered moment. Counting from it would move every
                 # next slot later by this slot's offset, period after period.
@@ -1088,7 +1101,9 @@ class Term:
             recent=previous.recent if skip else self._add_run(previous.recent, entry, slot, now),
         )
         claim = Claim(entry.name, state, known.version)
-        return _Tick(due, next_entry, slot, skip, claim, previous, why=decision.why, next_delay=next_delay)
+        return _Tick(
+            due, next_entry, slot, skip, claim, previous, why=decision.why, next_delay=next_delay, next_from=next_from
+        )
 
     def _add_run(self, recent: tuple[Run, ...], entry: beat.ScheduleEntry, slot: datetime, now: datetime
                  ) -> tuple[Run, ...]:  # fmt: skip
