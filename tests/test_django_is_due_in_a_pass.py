@@ -7,12 +7,16 @@ various zones and modes, across both DST changes of 2026 (New York, Paris).
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from tests.support.djangosupport import ON_THE_DATABASE, interval_task
+from tests.support.helpers import lead
+from zkbeat.leading.heap_pass import HEAP_LAG
 
 pytestmark = ON_THE_DATABASE
 
@@ -61,3 +65,44 @@ def test_a_pass_answers_an_interval_rows_is_due_as_django_celery_beat_does(
                 bad.append((name, model.interval.every, str(model.last_run_at), ours, theirs))
         assert not bad, bad
         assert any(h is not None for h in hits), hits
+
+
+def test_an_interval_row_answered_from_the_pass_s_reading_goes_back_on_the_heap_from_it(
+    make_scheduler, published, monkeypatch
+):
+    """A plain interval row the pass answers "not yet" from its one reading goes back on the heap by that reading.
+
+    Its wait counts from the reading (zkbeat.contrib._heap), not from the moment its own clock would have
+    answered: counted from the moment the pass asked it, a row asked late in a long pass (a burst, a heap of
+    100,000 rows) was placed late by the time the pass had taken so far, published that much late, and (an
+    interval counting from its last run) every later run with it.
+    """
+    last = datetime.now(timezone.utc) - timedelta(minutes=30)
+    names = [f"row-{n:02d}" for n in range(30)]
+    for name in names:
+        interval_task(name, 3600, last_run_at=last)
+    scheduler = make_scheduler(beat_max_loop_interval=5)
+    scheduler.wait_in_tick = False
+    lead(scheduler)
+    scheduler.tick()  # the term begins, the rows are read and the heap is built
+    assert scheduler._heap is not None and set(names) <= {event.entry.name for event in scheduler._heap}
+    answer = scheduler.is_due
+
+    def slow_answer(entry):
+        try:
+            return answer(entry)
+        finally:
+            time.sleep(0.005)  # the pass takes a while over each row (its clock read once, before them all)
+
+    monkeypatch.setattr(scheduler, "is_due", slow_answer)
+    # Every row looked at again in one pass (as when placed early): each answers "not yet", 30 minutes.
+    scheduler._heap = [event._replace(time=0.0) if event.entry.name in names else event for event in scheduler._heap]
+    heapq.heapify(scheduler._heap)
+    scheduler.tick()
+    due = (last + timedelta(hours=1)).timestamp() + HEAP_LAG
+    late = sorted(
+        ((event.time - due, event.entry.name) for event in scheduler._heap if event.entry.name in names), reverse=True
+    )
+    assert len(late) == len(names)
+    assert late[0][0] < 0.05, f"placed late by up to {late[0][0]:.3f}s: {late[:3]}"
+    assert published.headers == []

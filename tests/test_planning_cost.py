@@ -276,6 +276,49 @@ def test_entries_the_pass_clock_does_not_answer_for_are_not_taken_off_the_heap_e
     assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"
 
 
+#: How long the slow clock below takes to answer (read at the end: its answer is of the moment it returns).
+SLOW_CLOCK = 0.005
+
+
+def _slow_utc_now() -> datetime:
+    time.sleep(SLOW_CLOCK)  # a clock that takes a while to answer (a remote one, a database's)
+    return datetime.now(timezone.utc)
+
+
+def test_entries_on_a_clock_of_their_own_are_not_put_back_on_the_heap_late(
+    make_scheduler, published: Published
+) -> None:
+    """An entry asked on its own clock goes back on the heap at its due moment, not later, wherever it is in the pass.
+
+    Its heap time is Celery's ``_when`` (a reading of its own clock, taken as the entry is put back) plus its wait,
+    less the time since its ``is_due`` answered: that time must run up to the same reading. Counted only up to the
+    start of the put-back, each entry was placed late by the put-backs before it (each reading its clock): in a
+    long pass (a burst, 10,000 database rows: a tenth of a second and more), published that much late, and an
+    interval (counting from its last run) drifting later by as much round after round.
+    """
+    from zkbeat.leading.heap_pass import HEAP_LAG
+
+    last = datetime.now(timezone.utc) - timedelta(minutes=30)
+    names = [f"slow-{i:02d}" for i in range(30)]
+    entries = {
+        name: every(3600, schedule=schedule(timedelta(hours=1), nowfun=_slow_utc_now), last_run_at=last)
+        for name in names
+    }
+    scheduler = make_scheduler(entries, beat_max_loop_interval=5)
+    scheduler.wait_in_tick = False
+    lead(scheduler)
+    scheduler.tick()  # the term begins and the heap is built
+    assert scheduler._heap is not None and len(scheduler._heap) == len(names)
+    # Every entry looked at again in one pass (as when placed early): each answers "not yet", 30 minutes.
+    scheduler._heap = [event._replace(time=0.0) for event in scheduler._heap]
+    scheduler.tick()
+    due = (last + timedelta(hours=1)).timestamp() + HEAP_LAG
+    late = sorted(((event.time - due, event.entry.name) for event in scheduler._heap), reverse=True)
+    assert len(late) == len(names)
+    assert late[0][0] < 10 * SLOW_CLOCK, f"placed late by up to {late[0][0]:.3f}s: {late[:3]}"
+    assert published.headers == []
+
+
 def test_the_heap_lag_the_changelog_names_is_the_one_adjust_adds(monkeypatch: pytest.MonkeyPatch) -> None:
     """``zkbeat.leading.heap_pass.HEAP_LAG`` is read when beat's heap places an entry, not frozen at import."""
     from zkbeat.leading import heap_pass

@@ -718,6 +718,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 pass_placer = self._pass_placer = (reading, Placer(self, ModelEntry, self._ties))
             remaining = pass_placer[1].due_in(entry)
             if remaining is not None:
+                # Answered from the pass's reading, not the row's own clock: its wait goes on the heap from that
+                # reading (zkbeat.leading.heap_pass _push), not from the later moment the pass asked this row.
+                self._own_clock_answered = False
                 return (
                     schedules.schedstate(False, remaining)
                     if remaining

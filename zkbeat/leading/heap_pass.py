@@ -45,7 +45,8 @@ HEAP_LAG = 0.001
 class HeapPass:
     """A leader's pass over beat's heap: see the module docstring."""
 
-    #: Whether the last entry_is_due() was answered on the entry's own clock (not the pass's reading).
+    #: Whether the last entry_is_due() was answered on the entry's own clock (not the pass's reading). A host's
+    #: is_due that answers from the pass's reading (zkbeat.contrib.django's interval rows) sets it False.
     _own_clock_answered = True
 
     def adjust(self, n: Any, drift: float | None = None) -> Any:
@@ -181,8 +182,7 @@ class HeapPass:
         heap = self._heap
         if heap is None:
             return  # rebuilt from the schedule at the next pass
-        pushed = time.monotonic()
-        elapsed = 0.0 if since is None else max(0.0, pushed - since)
+        elapsed = 0.0 if since is None else max(0.0, time.monotonic() - since)
         clock = self.pass_clock
         for item in requeue:
             delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
@@ -194,7 +194,11 @@ class HeapPass:
                 # interval's successor): from that moment, not the pass's reading, which came earlier. From
                 # the reading, an entry asked late in a long pass (a burst: seconds) would come back early,
                 # be asked again in vain, and a burst of crontabs or database rows would ask each twice.
-                when = self._when_real(item.entry, delay) - max(0.0, pushed - item.asked)
+                # The time since is counted up to the reading _when_real just took, not to the start of this
+                # put-back: each entry's own clock is read in turn (a crontab's app.now(), a nowfun), and the
+                # entries after the first would be placed late by the readings before them.
+                when = self._when_real(item.entry, delay)
+                when -= max(0.0, time.monotonic() - item.asked)
             elif when is None:  # the entry's own clock, read now: less the time since the pass looked
                 when = self._when_safe(item.entry, delay) - elapsed
             heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
