@@ -28,6 +28,7 @@ zone it is told in). Used from beat's thread only.
 
 from __future__ import annotations
 
+import time
 from calendar import timegm
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -47,6 +48,8 @@ class PassClock:
     def __init__(self) -> None:
         self._utc: datetime | None = None
         self._stamp = 0.0
+        #: time.monotonic() at the reading.
+        self._mono = 0.0
         #: The reading in each app's zone, as its now() would give it (per pass).
         self._local: dict[int, datetime] = {}
         #: Whether an (entry class, schedule class) pair goes by the app's clock.
@@ -64,6 +67,7 @@ class PassClock:
         """Read the clock for this pass; returns the reading (UTC)."""
         utc = datetime.now(timezone.utc)
         self._utc = utc
+        self._mono = time.monotonic()
         # Celery's _when: timegm of the UTC time tuple plus the microseconds.
         self._stamp = timegm(utc.utctimetuple()) + utc.microsecond / 1e6
         self._local.clear()
@@ -91,6 +95,16 @@ class PassClock:
         if self._utc is None or self._app(entry) is None:
             return None
         return self._stamp + (adjusted or 0)
+
+    def when_from(self, entry: beat.ScheduleEntry, adjusted: float, moment: float) -> float | None:
+        """:meth:`when` for a wait counted from ``moment`` (monotonic, later than the reading); None: ask Celery.
+
+        Where :meth:`when` answers, the entry's clock is the reading's: the
+        reading moved on by the time since it was taken is that clock at
+        ``moment``, without reading it again.
+        """
+        base = self.when(entry, adjusted)
+        return None if base is None else base + max(0.0, moment - self._mono)
 
     def is_due(self, entry: beat.ScheduleEntry) -> tuple[bool, float] | None:
         """Celery's ``entry.is_due()`` for a plain interval, from the pass's reading; None: ask Celery."""
