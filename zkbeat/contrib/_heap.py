@@ -11,8 +11,10 @@ Every other entry is asked the way Celery asks it.
 The heap only says when to look: an entry popped from it is asked
 ``is_due()`` again before it runs, so a placement can make the leader look
 early (and put the entry back), never run it early. Both readings (the
-schedule's now and the heap's) are taken at the same moment, so an entry is
-placed at its due time, not late by the time the placing took.
+schedule's now and the heap's) are of the same moment (in a leader's pass,
+its one reading: zkbeat.ticking.passclock), so an entry is placed at its due
+time, neither late by the time the placing took nor early by the time the
+pass took before it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Placer:
         delay = self.due_in(entry)
         if delay is None:
             is_due, delay = self.scheduler.entry_is_due(entry)
-            return beat.event_t(self.scheduler._when_safe(entry, 0 if is_due else delay), next(self.ties), entry)
+            # From the moment the row's own clock answered (zkbeat.leading.heap_pass), not the pass's earlier reading.
+            return beat.event_t(self.scheduler._heap_time(entry, 0 if is_due else delay), next(self.ties), entry)
         if self._base is None:
             self._base = self.scheduler._when_safe(entry, 0)
         return beat.event_t(self._base + (self.scheduler.adjust(delay) or 0), next(self.ties), entry)
@@ -86,7 +89,16 @@ class Placer:
         if code is None or schedule.nowfun.__closure__ or schedule.nowfun.__defaults__:
             return None  # no clock of its own (the app's), or one that may differ per schedule: ask the entry
         if code not in self._now:
-            self._now[code] = schedule.maybe_make_aware(schedule.now())
+            now = schedule.maybe_make_aware(schedule.now())
+            clock = getattr(self.scheduler, "pass_clock", None)
+            reading = clock.now() if clock is not None and code in clock.real_clocks else None
+            if reading is not None and now.tzinfo is not None:
+                # In a pass, the pass's reading, told in the zone the clock answers in: beat's heap times are
+                # counted from that reading (_base, heap_pass._push), so the waits must be too. Counted from this
+                # later read, each row went on the heap early by the time between the two (the pass's work
+                # before a rebuild, the rows asked before the first of these) and was asked again in vain.
+                now = reading.astimezone(now.tzinfo)
+            self._now[code] = now
         return self._now[code]
 
     def _zone(self, entry: beat.ScheduleEntry) -> Any:
