@@ -265,8 +265,10 @@ def test_entries_the_pass_clock_does_not_answer_for_are_not_taken_off_the_heap_e
     assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"
 
 
-#: How long the slow clock below takes to answer (read at the end: its answer is of the moment it returns).
-SLOW_CLOCK = 0.005
+#: How long the slow clock below takes to answer (read at the end: its answer is of the moment it returns). Counted
+#: to the start of the put-back, the 30th entry went back 29 answers late (0.58 s); the bound below is well under
+#: that and well over what a loaded machine adds between two statements.
+SLOW_CLOCK = 0.02
 
 
 def _slow_utc_now() -> datetime:
@@ -304,7 +306,7 @@ def test_entries_on_a_clock_of_their_own_are_not_put_back_on_the_heap_late(
     due = (last + timedelta(hours=1)).timestamp() + HEAP_LAG
     late = sorted(((event.time - due, event.entry.name) for event in scheduler._heap), reverse=True)
     assert len(late) == len(names)
-    assert late[0][0] < 10 * SLOW_CLOCK, f"placed late by up to {late[0][0]:.3f}s: {late[:3]}"
+    assert late[0][0] < 10 * SLOW_CLOCK, f"placed late by up to {late[0][0]:.3f}s: {late[:3]}"  # 0.2 s
     assert published.headers == []
 
 
