@@ -75,6 +75,35 @@ def test_a_pass_answers_an_interval_rows_is_due_as_django_celery_beat_does(
         assert any(h is not None for h in hits), hits
 
 
+def _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, *, slow_before):
+    """Hourly interval rows last run at ``last``, led; then every one taken off the heap in one pass, each answer
+    5 ms apart (the sleep before each answer, or after it), each "not yet" (30 minutes): the scheduler after it."""
+    for name in names:
+        interval_task(name, 3600, last_run_at=last)
+    scheduler = make_scheduler(beat_max_loop_interval=5)
+    scheduler.wait_in_tick = False
+    lead(scheduler)
+    scheduler.tick()  # the term begins, the rows are read and the heap is built
+    assert scheduler._heap is not None and set(names) <= {event.entry.name for event in scheduler._heap}
+    answer = scheduler.is_due
+
+    def slow_answer(entry):
+        if slow_before:
+            time.sleep(0.005)  # the pass takes a while before each answer (as over the rows asked before them)
+        try:
+            return answer(entry)
+        finally:
+            if not slow_before:
+                time.sleep(0.005)  # the pass takes a while over each row (its clock read once, before them all)
+
+    monkeypatch.setattr(scheduler, "is_due", slow_answer)
+    # Every row looked at again in one pass (as when placed early): each answers "not yet", 30 minutes.
+    scheduler._heap = [event._replace(time=0.0) if event.entry.name in names else event for event in scheduler._heap]
+    heapq.heapify(scheduler._heap)
+    scheduler.tick()
+    return scheduler
+
+
 def test_an_interval_row_answered_from_the_pass_s_reading_goes_back_on_the_heap_from_it(
     make_scheduler, published, monkeypatch
 ):
@@ -87,26 +116,7 @@ def test_an_interval_row_answered_from_the_pass_s_reading_goes_back_on_the_heap_
     """
     last = datetime.now(timezone.utc) - timedelta(minutes=30)
     names = [f"row-{n:02d}" for n in range(30)]
-    for name in names:
-        interval_task(name, 3600, last_run_at=last)
-    scheduler = make_scheduler(beat_max_loop_interval=5)
-    scheduler.wait_in_tick = False
-    lead(scheduler)
-    scheduler.tick()  # the term begins, the rows are read and the heap is built
-    assert scheduler._heap is not None and set(names) <= {event.entry.name for event in scheduler._heap}
-    answer = scheduler.is_due
-
-    def slow_answer(entry):
-        try:
-            return answer(entry)
-        finally:
-            time.sleep(0.005)  # the pass takes a while over each row (its clock read once, before them all)
-
-    monkeypatch.setattr(scheduler, "is_due", slow_answer)
-    # Every row looked at again in one pass (as when placed early): each answers "not yet", 30 minutes.
-    scheduler._heap = [event._replace(time=0.0) if event.entry.name in names else event for event in scheduler._heap]
-    heapq.heapify(scheduler._heap)
-    scheduler.tick()
+    scheduler = _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, slow_before=False)
     due = (last + timedelta(hours=1)).timestamp() + HEAP_LAG
     late = sorted(
         ((event.time - due, event.entry.name) for event in scheduler._heap if event.entry.name in names), reverse=True
@@ -178,24 +188,7 @@ def test_interval_rows_answered_after_a_slow_start_of_a_pass_are_not_placed_earl
     """
     last = datetime.now(timezone.utc) - timedelta(minutes=30)
     names = [f"row-{n:02d}" for n in range(30)]
-    for name in names:
-        interval_task(name, 3600, last_run_at=last)
-    scheduler = make_scheduler(beat_max_loop_interval=5)
-    scheduler.wait_in_tick = False
-    lead(scheduler)
-    scheduler.tick()  # the term begins, the rows are read and the heap is built
-    assert scheduler._heap is not None and set(names) <= {event.entry.name for event in scheduler._heap}
-    answer = scheduler.is_due
-
-    def slow_answer(entry):
-        time.sleep(0.005)  # the pass takes a while before each answer (as over the rows asked before them)
-        return answer(entry)
-
-    monkeypatch.setattr(scheduler, "is_due", slow_answer)
-    # Every row looked at again in one pass (as when placed early): each answers "not yet", 30 minutes.
-    scheduler._heap = [event._replace(time=0.0) if event.entry.name in names else event for event in scheduler._heap]
-    heapq.heapify(scheduler._heap)
-    scheduler.tick()
+    scheduler = _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, slow_before=True)
     early = _earliest(scheduler, names, (last + timedelta(hours=1)).timestamp())
     assert len(early) == len(names)
     assert early[0][0] < HEAP_LAG / 2, f"placed early by up to {early[0][0]:.3f}s: {early[:3]}"
