@@ -292,8 +292,7 @@ def forget(scheduler: Any) -> None:
     politely, and on py-amqp that waits for the broker's close-ok, forever
     on a link that lost its answers.
     """
-    connection = scheduler.__dict__.pop("connection", None)
-    scheduler.__dict__.pop("producer", None)
+    connection = _take_connection(scheduler)
     if connection is not None:
         try:
             connection.collect()
@@ -306,7 +305,13 @@ def forget(scheduler: Any) -> None:
 CLOSE_TIMEOUT = 2.0
 
 
-def close_connection(scheduler: Any, timeout: float = CLOSE_TIMEOUT) -> bool:
+def _take_connection(scheduler: Any) -> Any:
+    """Beat's cached broker connection (None if it made none), taken off the scheduler with its producer."""
+    scheduler.__dict__.pop("producer", None)
+    return scheduler.__dict__.pop("connection", None)
+
+
+def close_connection(scheduler: Any, timeout: float = CLOSE_TIMEOUT) -> None:
     """At shutdown: close beat's broker connection politely, waiting at most ``timeout`` for the broker.
 
     Celery's own close releases the connection, and on py-amqp that waits
@@ -314,13 +319,11 @@ def close_connection(scheduler: Any, timeout: float = CLOSE_TIMEOUT) -> bool:
     (a memory or disk alarm blocks publishers; a link that drops every
     packet) would keep the process from ever exiting after its handover.
     The release runs on a daemon thread of its own; past ``timeout`` it is
-    left to the process's exit. True if it finished in time (or there was
-    no connection).
+    left to the process's exit.
     """
-    connection = scheduler.__dict__.pop("connection", None)
-    scheduler.__dict__.pop("producer", None)
+    connection = _take_connection(scheduler)
     if connection is None:
-        return True
+        return
     released = threading.Event()
 
     def release() -> None:
@@ -332,13 +335,11 @@ def close_connection(scheduler: Any, timeout: float = CLOSE_TIMEOUT) -> bool:
             released.set()
 
     threading.Thread(target=release, name="zkbeat-broker-close", daemon=True).start()
-    if released.wait(timeout):
-        return True
-    logger.warning(
-        "zkbeat: the broker did not answer the close of beat's connection within %g s; exiting without its answer",
-        timeout,
-    )
-    return False
+    if not released.wait(timeout):
+        logger.warning(
+            "zkbeat: the broker did not answer the close of beat's connection within %g s; exiting without its answer",
+            timeout,
+        )
 
 
 #: Longest a probe of the broker may take, connecting and waiting included (on
