@@ -334,7 +334,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
 
     def reserve(self, entry: beat.ScheduleEntry) -> beat.ScheduleEntry:
         """Celery's: the entry's successor, run now; in a leader's pass, now is its reading (ticking.passclock)."""
-        now = self.pass_clock.now_for(entry) if type(entry).__next__ is beat.ScheduleEntry.__next__ else None
+        now = self.reserve_reading(entry)
         if now is None:
             return super().reserve(entry)
         successor = self.schedule[entry.name] = entry._next_instance(last_run_at=now)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
+from datetime import datetime
 from typing import Any
 
 from celery import beat
@@ -253,9 +254,14 @@ class HeapPass:
             exc_info=not isinstance(exc, (ValueError, TypeError)),
         )
 
+    def reserve_reading(self, entry: beat.ScheduleEntry) -> datetime | None:
+        """The pass's clock reading that reserve() gives ``entry``'s successor as its last run; None: Celery's
+        ``reserve`` decides (an entry class with its own ``__next__``, a clock the pass does not read)."""
+        return self.pass_clock.now_for(entry) if type(entry).__next__ is beat.ScheduleEntry.__next__ else None
+
     def reserves_at_reading(self, entry: beat.ScheduleEntry) -> bool:
-        """Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run (as it decides)."""
-        return type(entry).__next__ is beat.ScheduleEntry.__next__ and self.pass_clock.now_for(entry) is not None
+        """Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run."""
+        return self.reserve_reading(entry) is not None
 
     def _heap_time(self, entry: beat.ScheduleEntry, delay: float) -> float:
         """Beat's heap time of ``entry``, ``delay`` after the moment entry_is_due() just answered on."""
