@@ -366,8 +366,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
         for entry in self.schedule.values():
             if self.sharded and not self.in_shard(entry.name):
                 continue  # another shard's: its leader runs it
-            is_due, delay = self.entry_is_due(entry)
-            heap.append(beat.event_t(self._heap_time(entry, 0 if is_due else delay), next(ties), entry))
+            heap.append(beat.event_t(self.heap_time(entry, self.ask(entry)), next(ties), entry))
         heapq.heapify(heap)
         self._heap = heap
 
