@@ -226,8 +226,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
         names = list(names)
         self.policies.forget(names)
         if self.term is not None:
-            for name in names:
-                self.term.known.pop(name, None)
+            self.term.replaced(names)
 
     def sync_at_close(self) -> Callable[[], None] | None:
         """close(), still leading: write the host's own record now (None), or take it and return its write.
