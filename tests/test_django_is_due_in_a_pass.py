@@ -75,9 +75,12 @@ def test_a_pass_answers_an_interval_rows_is_due_as_django_celery_beat_does(
         assert any(h is not None for h in hits), hits
 
 
-def _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, *, slow_before):
+def _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, *, slow_before, unpacked=False):
     """Hourly interval rows last run at ``last``, led; then every one taken off the heap in one pass, each answer
-    5 ms apart (the sleep before each answer, or after it), each "not yet" (30 minutes): the scheduler after it."""
+    5 ms apart (the sleep before each answer, or after it), each "not yet" (30 minutes): the scheduler after it.
+
+    ``unpacked``: is_due hands on DatabaseScheduler's answer as a plain ``(is_due, next_time)`` tuple, as a subclass
+    that looks at it (``is_due, next_time = super().is_due(entry)``) returns it."""
     for name in names:
         interval_task(name, 3600, last_run_at=last)
     scheduler = make_scheduler(beat_max_loop_interval=5)
@@ -91,6 +94,9 @@ def _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, *, s
         if slow_before:
             time.sleep(0.005)  # the pass takes a while before each answer (as over the rows asked before them)
         try:
+            if unpacked:
+                is_due, next_time = answer(entry)
+                return is_due, next_time
             return answer(entry)
         finally:
             if not slow_before:
@@ -117,6 +123,29 @@ def test_an_interval_row_answered_from_the_pass_s_reading_goes_back_on_the_heap_
     last = datetime.now(timezone.utc) - timedelta(minutes=30)
     names = [f"row-{n:02d}" for n in range(30)]
     scheduler = _rows_asked_again_in_one_pass(make_scheduler, monkeypatch, names, last, slow_before=False)
+    due = (last + timedelta(hours=1)).timestamp() + HEAP_LAG
+    late = sorted(
+        ((event.time - due, event.entry.name) for event in scheduler._heap if event.entry.name in names), reverse=True
+    )
+    assert len(late) == len(names)
+    assert late[0][0] < 0.05, f"placed late by up to {late[0][0]:.3f}s: {late[:3]}"
+    assert published.headers == []
+
+
+def test_an_interval_row_answered_from_the_pass_s_reading_through_a_subclass_s_is_due_goes_back_from_it(
+    make_scheduler, published, monkeypatch
+):
+    """A subclass's is_due that unpacks DatabaseScheduler's answer and returns it as a plain tuple does not change
+    where the row goes back on the heap: its wait was still counted from the pass's reading.
+
+    Taken for an answer of the row's own clock, its wait counted from the moment the pass asked it: a row asked late
+    in a long pass was placed late by the time the pass had taken so far (and published that much late).
+    """
+    last = datetime.now(timezone.utc) - timedelta(minutes=30)
+    names = [f"row-{n:02d}" for n in range(30)]
+    scheduler = _rows_asked_again_in_one_pass(
+        make_scheduler, monkeypatch, names, last, slow_before=False, unpacked=True
+    )
     due = (last + timedelta(hours=1)).timestamp() + HEAP_LAG
     late = sorted(
         ((event.time - due, event.entry.name) for event in scheduler._heap if event.entry.name in names), reverse=True

@@ -721,6 +721,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             if remaining is not None:
                 # Answered from the pass's reading, not the row's own clock: its wait goes on the heap from that
                 # reading (zkbeat.leading.heap_pass _push), not from the later moment the pass asked this row.
+                self.answered_from_reading(entry)
                 return FromReading(False, remaining) if remaining else FromReading(True, entry.schedule.seconds)
         return entry.is_due()
 

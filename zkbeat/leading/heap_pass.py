@@ -57,6 +57,10 @@ class Answer(NamedTuple):
 class HeapPass:
     """A leader's pass over beat's heap: see the module docstring."""
 
+    #: The entry the host's is_due said it answered from the pass's reading (:meth:`answered_from_reading`), in the
+    #: ask under way; None outside one.
+    _from_reading: beat.ScheduleEntry | None = None
+
     def adjust(self, n: Any, drift: float | None = None) -> Any:
         """Beat's heap time of an entry due in ``n`` seconds: ``HEAP_LAG`` after its due moment, not before.
 
@@ -237,9 +241,15 @@ class HeapPass:
             answer = self.pass_clock.is_due(entry) if type(self).is_due is beat.Scheduler.is_due else None
             own_clock = answer is None
             if own_clock:
-                answer = self.is_due(entry)
-                # A host's is_due may answer from the pass's reading (zkbeat.contrib.django's interval rows).
-                own_clock = not isinstance(answer, FromReading)
+                self._from_reading = None
+                try:
+                    answer = self.is_due(entry)
+                    # A host's is_due may answer from the pass's reading (zkbeat.contrib.django's interval rows): its
+                    # answer says so by its type, and the host by answered_from_reading, which a subclass's is_due
+                    # that hands the answer on in another type (a plain tuple) does not undo.
+                    own_clock = not isinstance(answer, FromReading) and self._from_reading is not entry
+                finally:
+                    self._from_reading = None
             is_due, next_time = answer
         except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
             self.leave_out(entry, exc, "schedule")
@@ -252,6 +262,10 @@ class HeapPass:
             # asked in every pass, each returning 0 (beat's loop spinning). Asked again after RETRY_DELAY instead.
             return Answer(False, min(RETRY_DELAY, self.max_interval), own_clock)
         return Answer(is_due, delay_to_slot(entry, is_due, next_time), own_clock)
+
+    def answered_from_reading(self, entry: beat.ScheduleEntry) -> None:
+        """The host's ``is_due`` answers ``entry`` from the pass's reading, not its own clock (see :meth:`ask`)."""
+        self._from_reading = entry
 
     def leave_out(self, entry: beat.ScheduleEntry, exc: BaseException, what: str = "entry") -> None:
         """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
