@@ -10,12 +10,14 @@ late, and the ticks after it shifted by as much).
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 from kazoo.client import KazooClient
 
 from tests.support.djangosupport import ON_THE_DATABASE, interval_task
 from tests.support.helpers import lead, wait_for
+from zkbeat.leading.heap_pass import HEAP_LAG
 from zkbeat.ledger.store import Claim, EntryState, Ledger
 
 pytestmark = ON_THE_DATABASE
@@ -59,3 +61,49 @@ def test_a_row_rebuilt_without_a_run_of_its_own_comes_due_at_the_ledgers_run_plu
     assert placed is not None and placed - due < 5, (
         f"the rebuilt entry comes due {placed - due:.1f}s after the ledger's run plus its interval"
     )
+
+
+def test_a_crontab_row_new_to_the_term_goes_back_on_the_heap_at_its_next_slot_not_before(
+    make_scheduler, published, monkeypatch, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A row the term does not know yet (created, re-created, renamed or rebuilt while leading) is read from the
+    ledger when it comes due and asked again; a crontab row's answer is its own clock's, read after that read.
+
+    Its next wait counts from that answer. Counted from the pass's reading, taken before the ledger read, its
+    successor went back on the heap early by the time the read took, was taken off it that early and asked again
+    in vain (every rebuilt crontab row, at its next tick).
+    """
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+    scheduler = make_scheduler(beat_max_loop_interval=5)
+    ledger = Ledger(zk_client, zk_root)
+    ledger.ensure()
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=10)
+    ran = EntryState(last_run_at=long_ago, total_run_count=1, slot=long_ago)  # a namesake's run, older than the row's
+    assert ledger.claim([Claim("cron", ran)], None).error is None
+    scheduler.wait_in_tick = False
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and scheduler.term is not None, timeout=20)
+    # Far enough from the next minute that the tick below and its successor's placement fall within this minute.
+    wait_for(lambda: 5 < datetime.now(timezone.utc).second < 45, timeout=70)
+    term_ledger = scheduler.term.ledger
+    load = term_ledger.load
+
+    def slow_load(*args, **kwargs):
+        time.sleep(0.2)  # a ZooKeeper round trip that takes a while (a busy ensemble, a burst of such rows)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(term_ledger, "load", slow_load)
+    every_minute = CrontabSchedule.objects.create(minute="*", hour="*", timezone="UTC")
+    PeriodicTask.objects.create(
+        name="cron",
+        task="jobs.cleanup_messages",
+        crontab=every_minute,
+        last_run_at=datetime.now(timezone.utc) - timedelta(minutes=5),
+    )
+    wait_for(lambda: scheduler.tick() is not None and published.count("cron") >= 1, timeout=30)
+    placed = _heap_time(scheduler, "cron")
+    assert placed is not None
+    slot = (datetime.now(timezone.utc).replace(second=0, microsecond=0) + timedelta(minutes=1)).timestamp()
+    early = slot + HEAP_LAG - placed
+    assert early < HEAP_LAG / 2, f"placed {early:.3f}s before its next slot"

@@ -70,6 +70,10 @@ class ScheduleView:
     #: Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run (an interval's next
     #: wait then counts from that reading); False: from the moment reserve() returned.
     reserves_at_reading: Callable[[ScheduleEntry], bool] = lambda entry: False
+    #: ``entry_is_due`` with whether the entry's own clock answered, read as it was asked (an
+    #: zkbeat.leading.heap_pass.Answer: ``(is due, seconds to the next check, own clock)``); its wait then counts
+    #: from that moment. None: ``entry_is_due``, its wait from the pass's reading.
+    ask: Callable[[ScheduleEntry], tuple[bool, float, bool]] | None = None
     #: Whether entry ``name`` is the term's shard's (zkbeat.coordination.shards): a term reads, merges and
     #: keeps the ledger of its own shard's entries only. Fixed when the term is made.
     holds: Callable[[str], bool] = lambda name: True

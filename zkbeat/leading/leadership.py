@@ -430,6 +430,7 @@ class ShardLeadership:
             keeps_own_run=lambda entry, state: self.keeps_own_run(entry, state),
             loaded=lambda: self.schedule_loaded(),
             reserves_at_reading=lambda entry: self.reserves_at_reading(entry),
+            ask=lambda entry: self.ask(entry),
             holds=self._shard_members(),
         )
         return Collaborators(

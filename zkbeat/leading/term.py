@@ -1171,13 +1171,28 @@ class Term:
         still_due = []
         for due in dues:
             if due.entry.name in records:
-                is_due, next_time = self.view.entry_is_due(due.entry)
+                is_due, next_time, asked = self._ask_again(due.entry)
                 if not is_due:
-                    requeue.append(Requeue(due.entry, due.priority, next_time))
+                    requeue.append(Requeue(due.entry, due.priority, next_time, asked))
                     continue
-                due = Due(due.entry, due.priority, next_time)
+                due = Due(due.entry, due.priority, next_time, asked)
             still_due.append(due)
         return still_due
+
+    def _ask_again(self, entry: beat.ScheduleEntry) -> tuple[bool, float, float | None]:
+        """The entry's is_due answer now, and when its own clock read it (monotonic; None: the pass's reading).
+
+        Asked after a ledger read (a ZooKeeper round trip): a wait its own
+        clock counted from then, counted from the pass's reading instead,
+        would put it back on beat's heap early by that read, to be asked
+        again in vain (zkbeat.leading.heap_pass ``_push``).
+        """
+        ask = self.view.ask
+        if ask is None:
+            is_due, next_time = self.view.entry_is_due(entry)
+            return is_due, next_time, None
+        is_due, next_time, own_clock = ask(entry)
+        return is_due, next_time, time.monotonic() if own_clock else None
 
 
 def _overdue_at(entry: beat.ScheduleEntry, slot: datetime, jitter: float) -> float:
