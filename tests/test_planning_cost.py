@@ -21,6 +21,7 @@ from celery.schedules import schedule
 from celery.signals import before_task_publish
 
 from tests.support.helpers import Published, every, lead, wait_for
+from zkbeat import Scheduler
 
 GRACE_COMPLAINT = "using zkbeat_misfire_grace_time instead"
 CATCHUP_COMPLAINT = "using zkbeat_catchup"
@@ -343,3 +344,27 @@ def test_the_heap_lag_the_changelog_names_is_the_one_adjust_adds(monkeypatch: py
     monkeypatch.setattr(heap_pass, "HEAP_LAG", 0.25)
     assert heap_pass.HeapPass().adjust(2.0) == 2.25
     assert heap_pass.HeapPass().adjust(0) == 0
+
+
+class CeleryReserve(Scheduler):
+    """A user's subclass whose reserve() is Celery's own (a successor run at the clock of the moment it is made)."""
+
+    def reserve(self, entry):
+        time.sleep(0.002)  # each successor made a while into the pass (a burst: its publishes before it)
+        new_entry = self.schedule[entry.name] = next(entry)
+        return new_entry
+
+
+@pytest.mark.beat_scheduler("tests.test_planning_cost:CeleryReserve")
+def test_interval_successors_a_subclass_s_reserve_made_are_not_taken_off_the_heap_early(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subclass's reserve() that does not give the successor the pass's reading as its last run: the successor's
+    next wait counts from when reserve() made it. Counted from the pass's reading (as zkbeat's own reserve() does),
+    every successor went back on the heap early by the time the pass had taken until it was made, and was asked
+    again in vain."""
+    names = [f"reserved-{i:02d}" for i in range(30)]
+    scheduler = make_scheduler({name: every(0.5) for name in names}, beat_max_loop_interval=1)
+    lead(scheduler)
+    early = early_answers_over_150_publishes(scheduler, published, monkeypatch)
+    assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"

@@ -291,9 +291,20 @@ class HeapPass:
         ``reserve`` decides (an entry class with its own ``__next__``, a clock the pass does not read)."""
         return self.pass_clock.now_for(entry) if type(entry).__next__ is beat.ScheduleEntry.__next__ else None
 
-    def reserves_at_reading(self, entry: beat.ScheduleEntry) -> bool:
-        """Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run."""
-        return self.reserve_reading(entry) is not None
+    def reserved_at_reading(self, successor: beat.ScheduleEntry) -> bool:
+        """Whether reserve() gave ``successor`` the pass's clock reading as its last run.
+
+        As it did, not as it would: a subclass's reserve() that makes the
+        successor itself (Celery's own, at the clock of that moment) did not,
+        and its successor's next wait counts from when it was made.
+        """
+        reading = self.reserve_reading(successor)
+        if reading is None:
+            return False
+        try:
+            return bool(successor.last_run_at == reading)
+        except Exception:  # noqa: BLE001 - a last run that is no time (or a naive one): not the reading
+            return False
 
     def heap_time(self, entry: beat.ScheduleEntry, answer: Answer) -> float:
         """Beat's heap time of ``entry`` as :meth:`ask` just answered: its due moment, counted from that answer."""

@@ -67,9 +67,9 @@ class ScheduleView:
     keeps_own_run: Callable[[ScheduleEntry, EntryState], bool]
     #: Whether the schedule is the host's whole schedule (False: its last read failed).
     loaded: Callable[[], bool]
-    #: Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run (an interval's next
-    #: wait then counts from that reading); False: from the moment reserve() returned.
-    reserves_at_reading: Callable[[ScheduleEntry], bool] = lambda entry: False
+    #: Whether reserve() gave this successor the pass's clock reading as its last run (an interval's next wait then
+    #: counts from that reading); False: from the moment reserve() returned.
+    reserved_at_reading: Callable[[ScheduleEntry], bool] = lambda successor: False
     #: ``entry_is_due`` with whether the entry's own clock answered, read as it was asked (an
     #: zkbeat.leading.heap_pass.Answer: ``(is due, seconds to the next check, own clock)``); its wait then counts
     #: from that moment. None: ``entry_is_due``, its wait from the pass's reading.

@@ -429,7 +429,7 @@ class ShardLeadership:
             invalidate_heap=lambda: self.invalidate_heap(),
             keeps_own_run=lambda entry, state: self.keeps_own_run(entry, state),
             loaded=lambda: self.schedule_loaded(),
-            reserves_at_reading=lambda entry: self.reserves_at_reading(entry),
+            reserved_at_reading=lambda successor: self.reserved_at_reading(successor),
             ask=lambda entry: self.ask(entry),
             holds=self._shard_members(),
         )

@@ -1087,7 +1087,7 @@ class Term:
         )
         next_entry = self.view.reserve(entry)
         if isinstance(entry.schedule, schedules.schedule):  # an interval: from its successor's last run
-            next_from = None if self.view.reserves_at_reading(entry) else time.monotonic()
+            next_from = None if self.view.reserved_at_reading(next_entry) else time.monotonic()
         else:  # a crontab's, a solar's wait: from the moment its is_due answered
             next_from = due.asked
         try:
