@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from kazoo.client import KazooClient
 
 from tests.support.djangosupport import ON_THE_DATABASE, interval_task
@@ -24,13 +25,19 @@ pytestmark = ON_THE_DATABASE
 
 
 def _heap_time(scheduler, name: str) -> float | None:
-    heap = scheduler._heap or []
-    times = [event.time for event in heap if event.entry.name == name]
+    heaps = [shard._heap for shard in scheduler._shards] if scheduler.sharded else [scheduler._heap]
+    times = [event.time for heap in heaps for event in heap or [] if event.entry.name == name]
     return times[0] if times else None
 
 
+def _leads(scheduler) -> bool:
+    shards = scheduler._shards if scheduler.sharded else [scheduler]
+    return all(shard.term is not None for shard in shards)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
 def test_a_row_rebuilt_without_a_run_of_its_own_comes_due_at_the_ledgers_run_plus_its_interval(
-    make_scheduler, zk_client: KazooClient, zk_root: str
+    make_scheduler, zk_client: KazooClient, zk_root: str, shards: int
 ) -> None:
     last = datetime.now(timezone.utc) - timedelta(seconds=50)
     row = interval_task("report", 60)  # no last run of its own: its leader never wrote it back
@@ -40,10 +47,12 @@ def test_a_row_rebuilt_without_a_run_of_its_own_comes_due_at_the_ledgers_run_plu
     assert ledger.claim([Claim("report", ran)], None).error is None
     due = (last + timedelta(seconds=60)).timestamp()
 
-    scheduler = make_scheduler()
+    scheduler = make_scheduler(zkbeat_shards=shards)
     scheduler.wait_in_tick = False
-    lead(scheduler)
-    wait_for(lambda: scheduler.tick() is not None and _heap_time(scheduler, "report") is not None, timeout=20)
+    wait_for(
+        lambda: scheduler.tick() is not None and _leads(scheduler) and _heap_time(scheduler, "report") is not None,
+        timeout=30,
+    )
     assert abs(_heap_time(scheduler, "report") - due) < 5, "the ledger's run places the entry as the term begins"
 
     held = scheduler.schedule["report"]
