@@ -116,3 +116,42 @@ def test_a_crontab_row_new_to_the_term_goes_back_on_the_heap_at_its_next_slot_no
     slot = (datetime.now(timezone.utc).replace(second=0, microsecond=0) + timedelta(minutes=1)).timestamp()
     early = slot + HEAP_LAG - placed
     assert early < HEAP_LAG / 2, f"placed {early:.3f}s before its next slot"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_row_enabled_while_leading_counts_from_its_own_run_not_the_ledgers_older_one(
+    make_scheduler, published, zk_client: KazooClient, zk_root: str, shards: int
+) -> None:
+    """A row enabled again (django-celery-beat's save() of a disabled row empties its last run), or created again
+    under the name of one deleted, while a leader leads: as django-celery-beat counts it, from now.
+
+    The ledger still holds the run of its namesake from before the term began (known to the term as it began, the
+    row not in its schedule). Taken as the rebuilt row's run, the row came due at once and was published as it was
+    enabled, a tick neither django-celery-beat nor the leader before it would publish (with catch-up 'all', every
+    slot since that old run); at its next claim the ledger is read as for any row new to the term.
+    """
+    from django_celery_beat.models import PeriodicTask
+
+    old = datetime.now(timezone.utc) - timedelta(hours=2)
+    ledger = Ledger(zk_client, zk_root)
+    ledger.ensure()
+    assert ledger.claim([Claim("report", EntryState(last_run_at=old, total_run_count=7, slot=old))], None).error is None
+    row = interval_task("report", 3600, enabled=False)  # disabled when the term begins
+    interval_task("canary", 3600)
+
+    scheduler = make_scheduler(zkbeat_shards=shards)
+    scheduler.wait_in_tick = False
+    wait_for(
+        lambda: scheduler.tick() is not None and _leads(scheduler) and _heap_time(scheduler, "canary") is not None,
+        timeout=30,
+    )
+    row = PeriodicTask.objects.get(pk=row.pk)
+    row.enabled = True
+    row.save()  # the admin's edit: its last run stays empty (emptied when it was disabled)
+    enabled_at = time.time()
+    wait_for(lambda: scheduler.tick() is not None and _heap_time(scheduler, "report") is not None, timeout=20)
+    for _ in range(5):
+        scheduler.tick()
+    assert published.count("report") == 0, "published as it was enabled"
+    placed = _heap_time(scheduler, "report")
+    assert placed is not None and placed > enabled_at + 3000, f"due {placed - enabled_at:.0f}s after it was enabled"

@@ -19,7 +19,7 @@ import operator
 import signal
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import click
@@ -218,15 +218,17 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
             shard._heap = None
         self.policies.forget()
 
-    def entries_replaced(self, names: Iterable[str]) -> None:
+    def entries_replaced(self, names: Iterable[str], added: Collection[str] = ()) -> None:
         """The host rebuilt (or dropped) these entries: read each one's ledger state before its next claim.
 
-        The host puts them on beat's heap itself, or calls ``invalidate_heap``.
+        ``added``: those of them it did not hold before (they keep their own
+        last run until then: zkbeat.leading.term ``Term.replaced``). The host
+        puts them on beat's heap itself, or calls ``invalidate_heap``.
         """
         names = list(names)
         self.policies.forget(names)
         if self.term is not None:
-            self.term.replaced(names)
+            self.term.replaced(names, added)
 
     def sync_at_close(self) -> Callable[[], None] | None:
         """close(), still leading: write the host's own record now (None), or take it and return its write.

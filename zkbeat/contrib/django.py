@@ -427,16 +427,16 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         with self.shard_current(shard):
             return self.leading
 
-    def entries_replaced(self, names: Any) -> None:
+    def entries_replaced(self, names: Any, added: Any = ()) -> None:
         """The mixin's, for every shard's term (one read serves them all)."""
         if not self.sharded:
-            super().entries_replaced(names)
+            super().entries_replaced(names, added)
             return
         names = list(names)
         for shard in self._shards:
             if shard.term is not None:
                 with self.shard_current(shard):
-                    super().entries_replaced(names)
+                    super().entries_replaced(names, added)
 
     def keeps_own_run(self, entry: beat.ScheduleEntry, state: EntryState) -> bool:
         """The module's :func:`keeps_own_run`: the row's run when it is at least as new as the ledger's."""
@@ -605,6 +605,10 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             )  # fmt: skip
             touched.add(name)
         tasks = self.app.tasks
+        # Rows new to a schedule already read under this leadership (enabled again, created again): they keep their
+        # own run (Term.replaced). Not so the rows of a first read that comes after the term began (its read at the
+        # takeover failed): they take the ledger's, as those of a read before it do in its merge.
+        added: set[str] = set()
         with _obvious_json():
             for model in changes.rows:
                 complaints.recheck(model.name)
@@ -612,6 +616,8 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 if entry is None:
                     schedule.pop(model.name, None)
                 else:
+                    if model.name not in schedule and self._held_loaded(model.name):
+                        added.add(model.name)
                     schedule[model.name] = entry
                 touched.add(model.name)
         for row in complaints.rows():
@@ -627,8 +633,12 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         if touched:
             # The rebuilt entries carry the rows' run times, which may be behind
             # the ledger: the term reads the ledger for each before its next claim.
-            self.entries_replaced(touched)
+            self.entries_replaced(touched, added)
             self._requeue(touched)
+
+    def _held_loaded(self, name: str) -> bool:
+        """Whether the rows of row ``name``'s shard (or every row, without shards) were read under this leadership."""
+        return self._shard_number(name) in self._loaded_shards if self.sharded else self._loaded
 
     def _entry(self, model: PeriodicTask, tasks: Any) -> ModelEntry | None:
         """The row as an entry; None (logged once) if it cannot be one."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -308,7 +308,7 @@ class Term:
             return
         entry.total_run_count = state.total_run_count
 
-    def replaced(self, names: Sequence[str]) -> None:
+    def replaced(self, names: Sequence[str], added: Collection[str] = ()) -> None:
         """The host rebuilt (or dropped) these entries: each is read from the ledger again before its next claim.
 
         Meanwhile a rebuilt entry takes the run this term knows (the ledger's,
@@ -317,13 +317,21 @@ class Term:
         would count from "now", and come due a whole interval after the
         rebuild, where the ledger's run says sooner; it is read again only
         once it comes due.
+
+        Not one in ``added``, which the host did not hold before (a row
+        enabled again, created again under a deleted one's name): it counts
+        from its own run, as django-celery-beat counts it (an empty one: from
+        now), not from a namesake's older run the ledger kept, which would
+        make it due, and published, the moment it came.
         """
         schedule = self.schedule
         zones: dict[tuple, Any] = {}
         for name in names:
             known = self.known.pop(name, None)
-            entry = schedule.get(name) if known is not None and name not in self.pending else None
-            state = known.trusted(self.clock_offset, entry) if entry is not None and known is not None else None
+            if known is None or name in self.pending or name in added:
+                continue
+            entry = schedule.get(name)
+            state = known.trusted(self.clock_offset, entry) if entry is not None else None
             if entry is not None and state is not None:
                 self._take_run(entry, state, zones)
 
