@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.djangosupport import ON_THE_DATABASE, interval_task
+from tests.support.djangosupport import ON_THE_DATABASE, database_unreachable, interval_task
 from tests.support.helpers import lead, wait_for
 from zkbeat.leading.heap_pass import HEAP_LAG
 from zkbeat.ledger.store import Claim, EntryState, Ledger
@@ -155,3 +155,29 @@ def test_a_row_enabled_while_leading_counts_from_its_own_run_not_the_ledgers_old
     assert published.count("report") == 0, "published as it was enabled"
     placed = _heap_time(scheduler, "report")
     assert placed is not None and placed > enabled_at + 3000, f"due {placed - enabled_at:.0f}s after it was enabled"
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_rows_first_read_after_the_term_began_come_due_at_the_ledgers_run_plus_their_interval(
+    make_scheduler, zk_client: KazooClient, zk_root: str, shards: int
+) -> None:
+    """The read of the tables at the takeover failed: the term began on no schedule, and the rows come with the
+    first read that succeeds. They are new to the schedule, but not enabled anew: each takes the ledger's run, as
+    the term's merge gives it to the rows of a read before it (not its own empty one: from that read)."""
+    last = datetime.now(timezone.utc) - timedelta(seconds=50)
+    interval_task("report", 60)  # no last run of its own: its leader never wrote it back
+    ledger = Ledger(zk_client, zk_root)
+    ledger.ensure()
+    assert (
+        ledger.claim([Claim("report", EntryState(last_run_at=last, total_run_count=3, slot=last))], None).error is None
+    )
+    due = (last + timedelta(seconds=60)).timestamp()
+
+    scheduler = make_scheduler(zkbeat_shards=shards)
+    scheduler.wait_in_tick = False
+    with database_unreachable():
+        wait_for(lambda: scheduler.tick() is not None and _leads(scheduler), timeout=20)
+        assert _heap_time(scheduler, "report") is None
+    wait_for(lambda: scheduler.tick() is not None and _heap_time(scheduler, "report") is not None, timeout=20)
+    placed = _heap_time(scheduler, "report")
+    assert placed is not None and placed - due < 5, f"comes due {placed - due:.1f}s after the ledger's run plus 60s"

@@ -207,13 +207,16 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
     def schedule_replaced(self) -> None:
         """The host rebuilt ``schedule``: read each entry's ledger state before its next claim.
 
-        An entry whose own last run is in the future (a row a leader whose
-        clock was ahead wrote) would not come due to be read: the next pass
-        reads those at once (zkbeat.ledger.clock).
+        Meanwhile each entry takes the run the term knows, as the term's
+        merge gives it to a schedule read before the term began (a database
+        row its leader never wrote its run back to would otherwise count from
+        the rebuild). An entry whose own last run is in the future (a row a
+        leader whose clock was ahead wrote) would not come due to be read:
+        the next pass reads those at once (zkbeat.ledger.clock).
         """
         for shard in self._shards:  # every shard: a host replaces its schedule from outside a shard's part
             if shard.term is not None:
-                shard.term.known.clear()
+                shard.term.replaced(list(shard.term.known))
                 shard.term.own_runs_checked = False
             shard._heap = None
         self.policies.forget()

@@ -287,14 +287,15 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         """A full read succeeded: the schedule set aside becomes the schedule again, for the read to update.
 
         The table's marks are of the rows it was built from, so the read
-        builds again only what changed since, as within a term; every entry's
-        ledger state is read again before its next claim, and the heap is
-        rebuilt. Returns it, to be set aside again if applying the read fails.
+        builds again only what changed since, as within a term; once it is
+        applied, every entry takes the run the term read from the ledger as
+        it began and reads its ledger state again before its next claim
+        (``schedule_replaced``), and the heap is rebuilt. Returns it, to be
+        set aside again if applying the read fails.
         """
         aside, self._aside = self._aside, None
         if aside is not None:
-            self._schedule = aside
-            self.schedule_replaced()
+            self._schedule = aside  # schedule_replaced() once the read is applied to it (_read)
         return aside
 
     def schedule_loaded(self) -> bool:
@@ -549,6 +550,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 if self._dirty & replaced:
                     self.sync()  # what we ran reaches the rows of the entries about to be rebuilt
                 self._apply(changes)
+                if aside is not None:
+                    # After the rows the read built: they, too, take the runs the term read from the ledger.
+                    self.schedule_replaced()
             except BaseException:
                 if aside is not None:  # not brought up to date: set aside again, nothing published from it
                     self._aside, self._schedule = self._schedule, {}
