@@ -149,6 +149,13 @@ def test_health_fails_when_the_head_of_the_election_does_not_lead(
     assert result.returncode == 1, result.stdout
     assert "stuck" in result.stderr and "has not" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # operating.md: status shows such a head as "leader: none yet: X heads the line ...", and in JSON `leader` is
+    # null while `head` names it.
+    status = zkbeat("-A", "tests.support.beatapp", "status", env=_app_env(zk_server, root))
+    assert status.returncode == 0, status.stderr
+    assert "\nleader: none yet: stuck (host ?, pid ?) heads the line but has not run a pass" in status.stdout
+    found = json.loads(zkbeat("-A", "tests.support.beatapp", "status", "--json", env=_app_env(zk_server, root)).stdout)
+    assert found["leader"] is None and found["head"]["identity"] == "stuck", found
 
 
 def test_a_failed_announcement_is_made_again(zk_client: KazooClient, path: str, made: list[LeaderElection]) -> None:
