@@ -1,0 +1,99 @@
+"""What ``zkbeat dashboard`` asks of ZooKeeper while browsers read it, counted on a ZooKeeper of the test's own.
+
+docs/operating.md: "Browsers never cause a ZooKeeper read" (one model, kept by
+watches, serves every page and JSON request) and "The dashboard only reads: it
+takes no part in the election and writes nothing but what its controls ask
+for". ZooKeeper's ``cons`` command gives each connection's last client request
+number (``lcxid``: pings do not move it) and ``srvr`` the last transaction.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from tests.support.browser import Dashboard
+from tests.support.helpers import wait_for
+from tests.support.servers import ZooKeeperServer
+from tests.test_zookeeper_writes import tree, zxid
+from zkbeat.coordination.election import LeaderElection
+from zkbeat.ledger.store import Claim, EntryState, Ledger
+
+pytestmark = pytest.mark.processes
+
+REQUESTS = 200
+
+
+@pytest.fixture
+def client(zk_server_private: ZooKeeperServer) -> Iterator[KazooClient]:
+    client = KazooClient(zk_server_private.hosts)
+    client.start(15)
+    yield client
+    client.stop()
+    client.close()
+
+
+def request_numbers(server: ZooKeeperServer) -> dict[int, int]:
+    """Session id -> the number of its last request (lcxid), for every connection that has made one."""
+    found = {}
+    for line in server.four_letter("cons").splitlines():
+        sid, lcxid = re.search(r"sid=(0x[0-9a-f]+)", line), re.search(r"lcxid=(0x[0-9a-f]+)", line)
+        if sid and lcxid:
+            found[int(sid.group(1), 16)] = int(lcxid.group(1), 16)
+    return found
+
+
+def test_browsers_cause_no_zookeeper_read_and_the_dashboard_writes_nothing(
+    zk_server_private: ZooKeeperServer, client: KazooClient, zk_root: str, tmp_path: Path
+) -> None:
+    """A root with a leader and 20 ledger entries, and a dashboard on it: 200 page and JSON requests move its
+    ZooKeeper request counter by far less than one per request, and ZooKeeper processes no transaction from its
+    start to its end: no znode under the root changes, no candidate of its own joins the election."""
+    ledger = Ledger(client, zk_root)
+    ledger.ensure()
+    ran = datetime.now(timezone.utc) - timedelta(seconds=30)
+    names = [f"entry-{i:02d}" for i in range(20)]
+    assert ledger.claim([Claim(name, EntryState(last_run_at=ran)) for name in names], None).error is None
+    election = LeaderElection(client, f"{zk_root}/v1/election", {"identity": "leader"})
+    election.start()
+    try:
+        assert election.wait_for_leadership(timeout=15)
+        wait_for(lambda: b"leader" in client.get(f"{zk_root}/v1/election")[0], timeout=15, message="announced")
+        ours = {client.client_id[0]}
+        before_tree, before_zxid = tree(client, zk_root), zxid(zk_server_private)
+        env = {"ZKBEAT_HOSTS": zk_server_private.hosts, "ZKBEAT_TEST_ROOT": zk_root,
+               "ZKBEAT_TEST_BROKER": "redis://127.0.0.1:1/0"}  # fmt: skip
+        dashboard = Dashboard(env, tmp_path)
+        try:
+            state = dashboard.wait_ready()
+            assert {e["name"] for e in state["entries"]} >= set(names)
+
+            def its_session() -> int | None:
+                others = [sid for sid in request_numbers(zk_server_private) if sid not in ours]
+                return others[0] if len(others) == 1 else None
+
+            sid = wait_for(its_session, timeout=15, message=lambda: zk_server_private.four_letter("cons"))
+            asked = request_numbers(zk_server_private)[sid]
+            for n in range(REQUESTS):
+                path = "/api/state" if n % 2 else "/"
+                with urllib.request.urlopen(f"{dashboard.url}{path}", timeout=30) as answer:
+                    assert answer.status == 200
+                    answer.read()
+            asked_after = request_numbers(zk_server_private)[sid]
+            after_zxid = zxid(zk_server_private)
+        finally:
+            dashboard.stop()
+        after_tree = tree(client, zk_root)
+    finally:
+        election.close()
+    print(f"{REQUESTS} requests to the dashboard: {asked_after - asked} ZooKeeper requests of its own")
+    assert asked_after - asked < REQUESTS // 10, "browsers' requests caused ZooKeeper requests"
+    # The dashboard's own session (created and closed) is the only transaction: nothing else wrote.
+    assert after_zxid - before_zxid <= 2, f"{after_zxid - before_zxid} ZooKeeper transactions while it ran"
+    assert after_tree == before_tree, "the dashboard changed znodes under the root"
