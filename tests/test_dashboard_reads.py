@@ -9,7 +9,10 @@ number (``lcxid``: pings do not move it) and ``srvr`` the last transaction.
 
 from __future__ import annotations
 
+import http.client
 import re
+import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -22,8 +25,11 @@ from tests.support.browser import Dashboard
 from tests.support.helpers import wait_for
 from tests.support.servers import ZooKeeperServer
 from tests.test_zookeeper_writes import tree, zxid
+from zkbeat.conf import read_settings
 from zkbeat.coordination.election import LeaderElection
 from zkbeat.ledger.store import Claim, EntryState, Ledger
+from zkbeat.ops.dashboard.model import ClusterModel
+from zkbeat.ops.dashboard.server import DashboardServer
 
 pytestmark = pytest.mark.processes
 
@@ -97,3 +103,68 @@ def test_browsers_cause_no_zookeeper_read_and_the_dashboard_writes_nothing(
     # The dashboard's own session (created and closed) is the only transaction: nothing else wrote.
     assert after_zxid - before_zxid <= 2, f"{after_zxid - before_zxid} ZooKeeper transactions while it ran"
     assert after_tree == before_tree, "the dashboard changed znodes under the root"
+
+
+#: (method, path, extra headers) of requests a browser or another site may send; each gets an answer of its own.
+ASKED = [
+    ("GET", "/", {}),
+    ("GET", "/api/state", {}),
+    ("GET", "/static/app.js", {}),
+    ("GET", "/nowhere", {}),
+    ("GET", "/api/state", {"Host": "evil.example"}),
+    ("POST", "/api/pause", {"Content-Type": "application/json"}),
+    ("HEAD", "/", {}),
+    ("PUT", "/api/pause", {}),
+    ("DELETE", "/", {}),
+    ("OPTIONS", "/api/state", {}),
+]
+
+
+def test_every_response_forbids_inline_scripts_and_framing_and_sets_no_cookie(
+    zk_server: ZooKeeperServer, zk_root: str
+) -> None:
+    """operating.md: "every response forbids inline scripts and framing (Content-Security-Policy)" and "No cookie
+    is ever set": pages, JSON, refusals, unknown paths, and methods the dashboard does not serve (HEAD, PUT,
+    DELETE, OPTIONS), as well as a request whose headers it cannot read. Before, the methods it does not serve and the
+    unreadable request got http.server's own error page, without those headers."""
+    client = KazooClient(zk_server.hosts)
+    client.start(timeout=15)
+    model = ClusterModel(client, read_settings({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root}, None))
+    server = DashboardServer(("127.0.0.1", 0), model, secret="s3cret s3cret s3cret")
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    port = server.server_address[1]
+    answered: dict[str, tuple[int, dict[str, str]]] = {}
+    try:
+        for method, path, headers in ASKED:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            connection.request(method, path, b"{}" if method == "POST" else None, headers)
+            answer = connection.getresponse()
+            answer.read()
+            answered[f"{method} {path} {headers}"] = (answer.status, {k.lower(): v for k, v in answer.getheaders()})
+            connection.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+            raw.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"x" * 70_000 + b"\r\n\r\n")  # 431
+            head = raw.makefile("rb").read().split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        status = int(head[0].split()[1])
+        fields = (line.split(":", 1) for line in head[1:])
+        answered["unreadable headers"] = (status, {k.lower(): v.strip() for k, v in fields})
+    finally:
+        server.stop()
+        serving.join(timeout=10)
+        client.stop()
+        client.close()
+    unguarded = {
+        asked: status
+        for asked, (status, headers) in answered.items()
+        if "script-src 'self'" not in headers.get("content-security-policy", "")
+        or "frame-ancestors 'none'" not in headers.get("content-security-policy", "")
+        or headers.get("x-frame-options") != "DENY"
+    }
+    assert unguarded == {}, f"answers without the security headers: {unguarded}"
+    assert [asked for asked, (_, headers) in answered.items() if "set-cookie" in headers] == []
+    assert {asked: status for asked, (status, _) in answered.items() if status < 400} == {
+        "GET / {}": 200,
+        "GET /api/state {}": 200,
+        "GET /static/app.js {}": 200,
+    }
