@@ -68,3 +68,18 @@ def test_help_and_version_still_answer_with_0_and_no_command_shows_the_help() ->
     bare = subprocess.run([sys.executable, "-m", "zkbeat"], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert bare.returncode == 2 and bare.stderr.startswith("Usage: zkbeat ") and "Commands:" in bare.stderr
+
+
+def test_as_a_celery_subcommand_a_bad_flag_is_one_line_too() -> None:
+    """`celery -A proj zkbeat ...` is the same command (operating.md): a refused flag is one line, exit 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ZKBEAT_HOSTS": "127.0.0.1:1", "ZKBEAT_TEST_ROOT": "/nowhere",
+           "ZKBEAT_TEST_BROKER": "redis://127.0.0.1:1/0"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.support.beatapp", "zkbeat", "status", "--json", "--bogus"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zkbeat: No such option '--bogus'. (see "), result.stderr
+    assert lines[0].endswith("celery zkbeat status --help)"), result.stderr
+    assert json.loads(result.stdout)["exit_status"] == 2

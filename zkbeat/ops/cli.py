@@ -253,6 +253,7 @@ def _quiet_kazoo() -> None:
 
 
 @click.group(
+    cls=_Group,
     name="zkbeat",
     help="zkbeat cluster status, step-down, health; pause, resume and trigger entries; their history and next runs.",
 )
