@@ -27,6 +27,7 @@ from tests.support.servers import ZooKeeperServer
 from tests.test_zookeeper_writes import tree, zxid
 from zkbeat.conf import read_settings
 from zkbeat.coordination.election import LeaderElection
+from zkbeat.ledger import controls
 from zkbeat.ledger.store import Claim, EntryState, Ledger
 from zkbeat.ops.dashboard.model import ClusterModel
 from zkbeat.ops.dashboard.server import DashboardServer
@@ -168,3 +169,46 @@ def test_every_response_forbids_inline_scripts_and_framing_and_sets_no_cookie(
         "GET /api/state {}": 200,
         "GET /static/app.js {}": 200,
     }
+
+
+def test_the_dashboard_says_when_its_zookeeper_connection_is_not_connected_and_recovers(
+    zk_server_private: ZooKeeperServer, client: KazooClient, zk_root: str, tmp_path: Path
+) -> None:
+    """operating.md: "The page says when the dashboard's own ZooKeeper connection is not CONNECTED" (the page's
+    badge reads `connection` of /api/state). ZooKeeper stopped: the dashboard keeps answering and says
+    its connection is not CONNECTED; ZooKeeper back: CONNECTED again, and a pause made then reaches it."""
+    Ledger(client, zk_root).ensure()
+    election = LeaderElection(client, f"{zk_root}/v1/election", {"identity": "leader"})
+    election.start()
+    assert election.wait_for_leadership(timeout=15)
+    wait_for(lambda: b"leader" in client.get(f"{zk_root}/v1/election")[0], timeout=15, message="announced")
+    env = {"ZKBEAT_HOSTS": zk_server_private.hosts, "ZKBEAT_TEST_ROOT": zk_root,
+           "ZKBEAT_TEST_BROKER": "redis://127.0.0.1:1/0", "ZKBEAT_TEST_SCHEDULE": '{"tick": 60}'}  # fmt: skip
+    dashboard = Dashboard(env, tmp_path)
+    try:
+        assert dashboard.wait_ready()["connection"] == "CONNECTED"
+        zk_server_private.stop()
+        gone = wait_for(lambda: (s := dashboard.state())["connection"] != "CONNECTED" and s, timeout=60,
+                        message=dashboard.log)  # fmt: skip
+        print("while ZooKeeper is stopped the dashboard says:", gone["connection"])
+        zk_server_private.start()
+        wait_for(lambda: dashboard.state()["connection"] == "CONNECTED", timeout=60, message=dashboard.log)
+        after = KazooClient(zk_server_private.hosts)  # the test's own session may have ended with the outage
+        after.start(15)
+        try:
+            controls.pause(after, zk_root, "tick", "tester", "after the outage", scheduled=True, force=True)
+        finally:
+            after.stop()
+            after.close()
+
+        def paused() -> bool:
+            found = [e for e in dashboard.state()["entries"] if e["name"] == "tick"]
+            return bool(found) and (found[0]["paused"] or {}).get("note") == "after the outage"
+
+        wait_for(paused, timeout=60, message=dashboard.log)
+    finally:
+        dashboard.stop()
+        try:
+            election.close()
+        except Exception:  # noqa: BLE001 - its session may have ended with the outage
+            pass
