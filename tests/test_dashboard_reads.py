@@ -10,6 +10,7 @@ number (``lcxid``: pings do not move it) and ``srvr`` the last transaction.
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
 import threading
@@ -212,3 +213,21 @@ def test_the_dashboard_says_when_its_zookeeper_connection_is_not_connected_and_r
             election.close()
         except Exception:  # noqa: BLE001 - its session may have ended with the outage
             pass
+
+
+def test_port_0_takes_a_free_port_on_the_loopback_address_and_says_which(
+    zk_server: ZooKeeperServer, zk_root: str, tmp_path: Path
+) -> None:
+    """operating.md: the dashboard "binds 127.0.0.1 unless --bind says otherwise; --port 0 takes any free port",
+    and its first line says where it serves (read-only without a secret)."""
+    env = {"ZKBEAT_HOSTS": zk_server.hosts, "ZKBEAT_TEST_ROOT": zk_root, "ZKBEAT_TEST_BROKER": "redis://127.0.0.1:1/0"}
+    dashboard = Dashboard(env, tmp_path, args=("--port", "0"))
+    try:
+        said = wait_for(lambda: re.search(r"http://127\.0\.0\.1:(\d+)/ \(read-only", dashboard.log()), timeout=60,
+                        message=dashboard.log)  # fmt: skip
+        port = int(said.group(1))
+        assert port != 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=30) as answer:
+            assert answer.status == 200 and json.loads(answer.read())["root"] == zk_root
+    finally:
+        dashboard.stop()
