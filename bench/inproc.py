@@ -169,14 +169,14 @@ def main() -> None:
         scheduler = scheduler_class(app)
         assert scheduler.election.wait_for_leadership(timeout=30), "never led"
         asked = {True: 0, False: 0}  # the heap's is_due answers in the window: due, not due yet
-        entry_is_due = scheduler.entry_is_due
+        ask = scheduler.ask
 
-        def counted_is_due(entry):
-            answer = entry_is_due(entry)
-            asked[bool(answer[0])] += 1
+        def counted_ask(entry):
+            answer = ask(entry)
+            asked[bool(answer.is_due)] += 1
             return answer
 
-        scheduler.entry_is_due = counted_is_due
+        scheduler.ask = counted_ask
 
         queue = None
         if args.no_receiver:

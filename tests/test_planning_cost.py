@@ -193,7 +193,7 @@ def early_answers_over_150_publishes(
     answer takes that long, as a crontab's or a database row's does; the heap is built again under it."""
     early: list[tuple[str, float]] = []
     scanning = [False]
-    asked = scheduler.entry_is_due
+    asked = scheduler.ask
     scan = scheduler._scan
 
     def scan_counted(heap):
@@ -212,7 +212,7 @@ def early_answers_over_150_publishes(
         return answer
 
     monkeypatch.setattr(scheduler, "_scan", scan_counted)
-    monkeypatch.setattr(scheduler, "entry_is_due", asked_counted)
+    monkeypatch.setattr(scheduler, "ask", asked_counted)
     if answer_takes:
         scheduler.invalidate_heap()  # built again under the slow answers: its first placements count too
     deadline = time.monotonic() + 30

@@ -226,8 +226,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
         names = list(names)
         self.policies.forget(names)
         if self.term is not None:
-            for name in names:
-                self.term.known.pop(name, None)
+            self.term.replaced(names)
 
     def sync_at_close(self) -> Callable[[], None] | None:
         """close(), still leading: write the host's own record now (None), or take it and return its write.
@@ -334,7 +333,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
 
     def reserve(self, entry: beat.ScheduleEntry) -> beat.ScheduleEntry:
         """Celery's: the entry's successor, run now; in a leader's pass, now is its reading (ticking.passclock)."""
-        now = self.pass_clock.now_for(entry) if type(entry).__next__ is beat.ScheduleEntry.__next__ else None
+        now = self.reserve_reading(entry)
         if now is None:
             return super().reserve(entry)
         successor = self.schedule[entry.name] = entry._next_instance(last_run_at=now)
@@ -366,8 +365,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
         for entry in self.schedule.values():
             if self.sharded and not self.in_shard(entry.name):
                 continue  # another shard's: its leader runs it
-            is_due, delay = self.entry_is_due(entry)
-            heap.append(beat.event_t(self._heap_time(entry, 0 if is_due else delay), next(ties), entry))
+            heap.append(beat.event_t(self.heap_time(entry, self.ask(entry)), next(ties), entry))
         heapq.heapify(heap)
         self._heap = heap
 

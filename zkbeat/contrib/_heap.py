@@ -49,9 +49,8 @@ class Placer:
     def event(self, entry: beat.ScheduleEntry) -> beat.event_t:
         delay = self.due_in(entry)
         if delay is None:
-            is_due, delay = self.scheduler.entry_is_due(entry)
             # From the moment the row's own clock answered (zkbeat.leading.heap_pass), not the pass's earlier reading.
-            return beat.event_t(self.scheduler._heap_time(entry, 0 if is_due else delay), next(self.ties), entry)
+            return beat.event_t(self.scheduler.heap_time(entry, self.scheduler.ask(entry)), next(self.ties), entry)
         if self._base is None:
             self._base = self.scheduler._when_safe(entry, 0)
         return beat.event_t(self._base + (self.scheduler.adjust(delay) or 0), next(self.ties), entry)

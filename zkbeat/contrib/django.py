@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from celery import beat, schedules
+from celery import beat
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, router, transaction
@@ -78,6 +78,7 @@ from ..leading.shard_state import ShardState
 from ..leading.term import SIGNAL_HOLD_LIMIT
 from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
+from ..ticking.passclock import FromReading
 from . import _rows
 from ._heap import Placer
 from ._runs import RunTimesNotWritten, write_run_times
@@ -720,12 +721,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             if remaining is not None:
                 # Answered from the pass's reading, not the row's own clock: its wait goes on the heap from that
                 # reading (zkbeat.leading.heap_pass _push), not from the later moment the pass asked this row.
-                self._own_clock_answered = False
-                return (
-                    schedules.schedstate(False, remaining)
-                    if remaining
-                    else schedules.schedstate(True, entry.schedule.seconds)
-                )
+                return FromReading(False, remaining) if remaining else FromReading(True, entry.schedule.seconds)
         return entry.is_due()
 
     def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:

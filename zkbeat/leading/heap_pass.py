@@ -19,11 +19,13 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from celery import beat
 
 from .._collector import no_collection
+from ..ticking.passclock import FromReading
 from ..ticking.ticks import delay_to_slot
 from .term import RETRY_DELAY, Due, Requeue
 
@@ -42,12 +44,18 @@ MAX_BATCH = 1000
 HEAP_LAG = 0.001
 
 
+class Answer(NamedTuple):
+    """An entry's ``is_due()`` answer as a pass asks it (:meth:`HeapPass.ask`)."""
+
+    is_due: bool
+    next_time: float
+    #: Answered on the entry's own clock, read as it was asked, not on the pass's reading (taken earlier): its wait
+    #: counts from the moment of the answer (see HeapPass._push).
+    own_clock: bool
+
+
 class HeapPass:
     """A leader's pass over beat's heap: see the module docstring."""
-
-    #: Whether the last entry_is_due() was answered on the entry's own clock (not the pass's reading). A host's
-    #: is_due that answers from the pass's reading (zkbeat.contrib.django's interval rows) sets it False.
-    _own_clock_answered = True
 
     def adjust(self, n: Any, drift: float | None = None) -> Any:
         """Beat's heap time of an entry due in ``n`` seconds: ``HEAP_LAG`` after its due moment, not before.
@@ -161,8 +169,8 @@ class HeapPass:
             if event[0] > self._when_safe(entry, 0):
                 break
             heapq.heappop(heap)
-            is_due, next_time = self.entry_is_due(entry)
-            asked = monotonic() if self._own_clock_answered else None  # see _push
+            is_due, next_time, own_clock = self.ask(entry)
+            asked = monotonic() if own_clock else None  # see _push
             wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
             if wait > 0:
                 later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
@@ -208,7 +216,13 @@ class HeapPass:
             heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
 
     def entry_is_due(self, entry: beat.ScheduleEntry) -> tuple[bool, float]:
-        """``entry.is_due()``; an entry whose schedule raises is logged once and left out.
+        """``entry.is_due()``, as :meth:`ask` answers it."""
+        is_due, next_time, _ = self.ask(entry)
+        return is_due, next_time
+
+    def ask(self, entry: beat.ScheduleEntry) -> Answer:
+        """``entry.is_due()``, and whether its own clock answered; an entry whose schedule raises is logged once and
+        left out.
 
         It is asked again every ``max_interval`` (a fixed row or a clock that
         moved on may cure it), and logged again only when its error changes.
@@ -218,21 +232,26 @@ class HeapPass:
         5.5 a crontab's wait ends at its slot, not an hour past it across the
         spring-forward jump (ticks.delay_to_slot).
         """
+        own_clock = True
         try:
             answer = self.pass_clock.is_due(entry) if type(self).is_due is beat.Scheduler.is_due else None
-            self._own_clock_answered = answer is None
-            is_due, next_time = self.is_due(entry) if answer is None else answer
+            own_clock = answer is None
+            if own_clock:
+                answer = self.is_due(entry)
+                # A host's is_due may answer from the pass's reading (zkbeat.contrib.django's interval rows).
+                own_clock = not isinstance(answer, FromReading)
+            is_due, next_time = answer
         except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
             self.leave_out(entry, exc, "schedule")
-            return False, self.max_interval
+            return Answer(False, self.max_interval, own_clock)
         if self._broken.pop((entry.name, "schedule"), None) is not None:
             logger.info("zkbeat: %s is scheduled again", entry.name)
             self.metrics.left_out(len({name for name, _ in self._broken}))
         if not is_due and not _time_left(next_time):
             # Not due with no time left (a custom schedule's 0, less, NaN): placed at once, it would be popped and
             # asked in every pass, each returning 0 (beat's loop spinning). Asked again after RETRY_DELAY instead.
-            return False, min(RETRY_DELAY, self.max_interval)
-        return is_due, delay_to_slot(entry, is_due, next_time)
+            return Answer(False, min(RETRY_DELAY, self.max_interval), own_clock)
+        return Answer(is_due, delay_to_slot(entry, is_due, next_time), own_clock)
 
     def leave_out(self, entry: beat.ScheduleEntry, exc: BaseException, what: str = "entry") -> None:
         """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
@@ -253,13 +272,19 @@ class HeapPass:
             exc_info=not isinstance(exc, (ValueError, TypeError)),
         )
 
-    def reserves_at_reading(self, entry: beat.ScheduleEntry) -> bool:
-        """Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run (as it decides)."""
-        return type(entry).__next__ is beat.ScheduleEntry.__next__ and self.pass_clock.now_for(entry) is not None
+    def reserve_reading(self, entry: beat.ScheduleEntry) -> datetime | None:
+        """The pass's clock reading that reserve() gives ``entry``'s successor as its last run; None: Celery's
+        ``reserve`` decides (an entry class with its own ``__next__``, a clock the pass does not read)."""
+        return self.pass_clock.now_for(entry) if type(entry).__next__ is beat.ScheduleEntry.__next__ else None
 
-    def _heap_time(self, entry: beat.ScheduleEntry, delay: float) -> float:
-        """Beat's heap time of ``entry``, ``delay`` after the moment entry_is_due() just answered on."""
-        if not self._own_clock_answered:
+    def reserves_at_reading(self, entry: beat.ScheduleEntry) -> bool:
+        """Whether reserve() gives ``entry``'s successor the pass's clock reading as its last run."""
+        return self.reserve_reading(entry) is not None
+
+    def heap_time(self, entry: beat.ScheduleEntry, answer: Answer) -> float:
+        """Beat's heap time of ``entry`` as :meth:`ask` just answered: its due moment, counted from that answer."""
+        delay = 0 if answer.is_due else answer.next_time
+        if not answer.own_clock:
             return self._when_safe(entry, delay)
         try:  # the pass's reading moved on to now, where it is the entry's clock (see _push)
             when = self.pass_clock.when_from(entry, self.adjust(delay), time.monotonic())

@@ -292,17 +292,40 @@ class Term:
             recorded = record.state.last_run_at if record.state is not None else None
             if record.written is not None and state.last_run_at != recorded:
                 ahead.append((name, recorded, record.written))
-            try:
-                if self.view.keeps_own_run(entry, state) and not self._ahead_of_now(entry.last_run_at):
-                    continue
-                entry.last_run_at = _as_entry_time(entry, state.last_run_at, zones)
-            except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
-                self.view.leave_out(entry, exc)
-                continue
-            entry.total_run_count = state.total_run_count
+            self._take_run(entry, state, zones)
         if ahead:
             self._report_ahead(ahead)
         return [name for name, _, _ in ahead]
+
+    def _take_run(self, entry: beat.ScheduleEntry, state: EntryState, zones: dict[tuple, Any]) -> None:
+        """The ledger's last run and count onto ``entry``, unless the host keeps the entry's own, newer, run."""
+        try:
+            if self.view.keeps_own_run(entry, state) and not self._ahead_of_now(entry.last_run_at):
+                return
+            entry.last_run_at = _as_entry_time(entry, state.last_run_at, zones)
+        except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
+            self.view.leave_out(entry, exc)
+            return
+        entry.total_run_count = state.total_run_count
+
+    def replaced(self, names: Sequence[str]) -> None:
+        """The host rebuilt (or dropped) these entries: each is read from the ledger again before its next claim.
+
+        Meanwhile a rebuilt entry takes the run this term knows (the ledger's,
+        or its own since), as a merge would: one built from a database row
+        that says nothing of its last run (its leader never wrote it back)
+        would count from "now", and come due a whole interval after the
+        rebuild, where the ledger's run says sooner; it is read again only
+        once it comes due.
+        """
+        schedule = self.schedule
+        zones: dict[tuple, Any] = {}
+        for name in names:
+            known = self.known.pop(name, None)
+            entry = schedule.get(name) if known is not None and name not in self.pending else None
+            state = known.trusted(self.clock_offset, entry) if entry is not None and known is not None else None
+            if entry is not None and state is not None:
+                self._take_run(entry, state, zones)
 
     def check_own_runs(self) -> bool:
         """Entries whose own last run is later than this replica's clock: go by the ledger (zkbeat.ledger.clock).
