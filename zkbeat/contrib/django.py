@@ -74,8 +74,9 @@ from kazoo.protocol.states import KazooState
 from .._collector import no_collection
 from ..coordination.election import Fence
 from ..coordination.shards import entry_shard
+from ..leading.leadership import ZOOKEEPER_ERRORS
 from ..leading.shard_state import ShardState
-from ..leading.term import SIGNAL_HOLD_LIMIT
+from ..leading.term import SIGNAL_HOLD_LIMIT, _as_entry_time
 from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
 from ..ticking.passclock import FromReading
@@ -590,6 +591,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         schedule = self.schedule
         complaints = self._complaints
         touched: set[str] = set()
+        carried = self._runs_under_old_names(changes)  # before the old names' entries are dropped
         for name in changes.gone:
             complaints.forget(name)
             if schedule.pop(name, None) is not None:
@@ -612,6 +614,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 if entry is None:
                     schedule.pop(model.name, None)
                 else:
+                    run = carried.get(model.name)
+                    if run is not None:
+                        self._carry_run(entry, *run)
                     schedule[model.name] = entry
                 touched.add(model.name)
         for row in complaints.rows():
@@ -629,6 +634,55 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             # the ledger: the term reads the ledger for each before its next claim.
             self.entries_replaced(touched)
             self._requeue(touched)
+
+    def _runs_under_old_names(self, changes: Changes) -> dict[str, tuple[datetime, int]]:
+        """The last run each renamed row had under its old name: the entry held here, else the ledger's record.
+
+        The ledger knows a task by its name, and a row renamed in the admin
+        is the same row: the run it just had under its old name is its last
+        run, which its ``last_run_at`` may not hold yet (written at the sync
+        interval). Without it, the row would run again at once under its new
+        name (the tick it just ran). Only rows this replica had marked under
+        their old name are known to be renamed (not a row renamed before its
+        first read here).
+        """
+        built = {model.name for model in changes.rows}
+        renamed = {new: old for new, old in changes.renamed.items() if new in built}
+        runs: dict[str, tuple[datetime, int]] = {}
+        asked = []
+        for new, old in renamed.items():
+            entry = self.schedule.get(old)
+            if entry is not None:
+                runs[new] = (entry.last_run_at, entry.total_run_count)
+            else:
+                asked.append(new)  # another shard's row until now, or dropped: its leader wrote the ledger
+        if asked and self.ledger is not None:
+            try:
+                records = self.ledger.load([renamed[new] for new in asked])
+            except ZOOKEEPER_ERRORS as exc:
+                logger.warning(
+                    "zkbeat: cannot read the ledger's runs of renamed rows (%r); %s go by their rows' last runs",
+                    exc, _names(set(asked)),
+                )  # fmt: skip
+                return runs
+            for new in asked:
+                record = records.get(renamed[new])
+                if record is not None and record.state is not None:
+                    runs[new] = (record.state.last_run_at, record.state.total_run_count)
+        return runs
+
+    def _carry_run(self, entry: ModelEntry, last_run_at: datetime, total_run_count: int) -> None:
+        """Give a renamed row's entry the run it had under its old name, if newer than its own; its row gets it too."""
+        try:
+            moment = _as_entry_time(entry, maybe_make_aware(last_run_at))
+            if moment <= maybe_make_aware(entry.last_run_at):
+                return
+        except Exception:  # noqa: BLE001 - the entry's clock: asked again when it is planned, left out if it raises
+            return
+        entry.last_run_at = moment
+        entry.row_last_run_at = moment  # what the row vouches for (keeps_own_run), written at the next sync
+        entry.total_run_count = total_run_count
+        self._dirty.add(entry.name)
 
     def _entry(self, model: PeriodicTask, tasks: Any) -> ModelEntry | None:
         """The row as an entry; None (logged once) if it cannot be one."""

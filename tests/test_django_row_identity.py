@@ -1,0 +1,78 @@
+"""zkbeat.DatabaseScheduler when a row's identity moves under a leader: a row renamed while it holds it.
+
+The ledger knows a task by its name; a row renamed in the admin is the same
+row (the same id) under a new name, with the run it just had. A leader that
+ran it keeps that run for it under its new name, rather than going back to
+the run the row's ``last_run_at`` holds (written every few minutes at most).
+Real PostgreSQL, ZooKeeper and Redis, the leader in this process.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task, pump
+from tests.support.helpers import Published, lead
+
+pytestmark = ON_THE_DATABASE
+
+
+def test_a_row_renamed_after_it_ran_does_not_run_again_under_its_new_name(make_scheduler, published: Published) -> None:
+    """An hourly row that just ran, renamed in the admin: it runs next an hour after that run, not at once."""
+    from django.utils import timezone
+
+    interval_task("heartbeat", 1)
+    hourly = interval_task("hourly", 3600, last_run_at=timezone.now() - timedelta(hours=1, seconds=1))
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("hourly") == 1)
+    assert "hourly" in scheduler._dirty, "its run is not written to the row yet"
+
+    hourly.refresh_from_db()
+    hourly.name = "hourly-renamed"
+    hourly.save()
+    pump(scheduler, lambda: "hourly-renamed" in scheduler.schedule)
+    beats = published.count("heartbeat")
+    pump(scheduler, lambda: published.count("heartbeat") >= beats + 3)
+    assert published.count("hourly-renamed") == 0, published.rows
+
+    scheduler.sync()
+    from django_celery_beat.models import PeriodicTask
+
+    assert PeriodicTask.objects.get(name="hourly-renamed").last_run_at >= published_at(published, "hourly")
+
+
+def test_a_row_renamed_into_this_replicas_part_takes_its_run_from_the_ledger(
+    make_scheduler, published: Published
+) -> None:
+    """A row another leader ran and has not written back (it died), renamed into what this leader builds (a shard
+    of its own: here a filter on names): its run under the old name is the ledger's, and it does not run again."""
+    from django.utils import timezone
+
+    interval_task("heartbeat", 1)
+    hourly = interval_task("hourly", 3600, last_run_at=timezone.now() - timedelta(hours=1, seconds=1))
+    first = make_scheduler(identity="first")
+    lead(first)
+    pump(first, lambda: published.count("hourly") == 1)
+    first._dirty.clear()  # it dies before writing the run to the row
+    second = make_scheduler(identity="second")
+    second._table.wanted = lambda name: name != "hourly"  # marks the row under its old name, never builds it
+    first.close()
+    lead(second, timeout=30)
+    pump(second, lambda: published.count("heartbeat") >= 2 and "hourly" not in second.schedule)
+
+    hourly.refresh_from_db()
+    assert hourly.last_run_at < published_at(published, "hourly"), "the row does not hold the run"
+    hourly.name = "hourly-renamed"
+    hourly.save()
+    pump(second, lambda: "hourly-renamed" in second.schedule)
+    beats = published.count("heartbeat")
+    pump(second, lambda: published.count("heartbeat") >= beats + 3)
+    assert published.count("hourly-renamed") == 0, published.rows
+
+
+def published_at(published: Published, name: str):
+    """The slot of ``name``'s first publish."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(published.of(name)[0][1])
