@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.support.djangosupport import ON_THE_DATABASE, interval_task, pump
-from tests.support.helpers import Published, lead
+from tests.support.djangosupport import ON_THE_DATABASE, interval_task, one_off_task, pump
+from tests.support.helpers import Published, connected, lead
 
 pytestmark = ON_THE_DATABASE
 
@@ -76,3 +76,29 @@ def published_at(published: Published, name: str):
     from datetime import datetime
 
     return datetime.fromisoformat(published.of(name)[0][1])
+
+
+def test_a_one_off_deleted_as_it_runs_stays_deleted(make_scheduler, published: Published) -> None:
+    """An operator deletes a one-off in the moment its leader sends it: the leader, disabling the one-off it ran,
+    must not write the row back (a save() of its copy of a row that is gone inserts it again)."""
+    from celery.signals import after_task_publish
+    from django_celery_beat.models import PeriodicTask
+
+    interval_task("heartbeat", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("heartbeat") >= 1)
+    deleted = []
+
+    def delete_it(headers=None, **kwargs) -> None:
+        if (headers or {}).get("zkbeat-entry") == "launch" and not deleted:
+            deleted.append(PeriodicTask.objects.get(name="launch").delete())
+
+    with connected(after_task_publish, delete_it):
+        one_off_task("launch")
+        pump(scheduler, lambda: published.count("launch") == 1)
+    assert deleted
+    beats = published.count("heartbeat")
+    pump(scheduler, lambda: published.count("heartbeat") >= beats + 2)
+    assert list(PeriodicTask.objects.filter(name="launch").values_list("name", "enabled")) == []
+    assert published.count("launch") == 1

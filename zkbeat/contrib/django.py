@@ -62,13 +62,15 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from celery import beat
+from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, router, transaction
 from django.db.transaction import TransactionManagementError
+from django.utils.timezone import now as django_now
 from django_celery_beat import schedulers
-from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+from django_celery_beat.utils import NEVER_CHECK_TIMEOUT
 from kazoo.protocol.states import KazooState
 
 from .._collector import no_collection
@@ -155,6 +157,43 @@ class ModelEntry(schedulers.ModelEntry):
         clone = self.__class__.__new__(self.__class__)
         clone.__dict__.update(self.__dict__)
         return clone
+
+    def is_due(self) -> schedules.schedstate:
+        """django-celery-beat's; a one-off that ran is disabled by a write of its run fields, not ``save()``.
+
+        Its own writes the whole row from this copy (read when the leader last
+        read the row): an operator's edit made since is undone, and a row
+        deleted since is inserted again.
+        """
+        model = self.model
+        if model.one_off and model.enabled and model.total_run_count > 0:
+            # Written first: if the write fails, the entry is asked again (zkbeat.leading.heap_pass) and tries again.
+            self._write_disabled(model, total_run_count=0)
+            PeriodicTasks.update_changed()
+            model.enabled = False
+            model.total_run_count = 0
+            model.last_run_at = None  # what save() does to a disabled row
+            model.no_changes = False
+            return schedules.schedstate(False, NEVER_CHECK_TIMEOUT)
+        return super().is_due()
+
+    def _disable(self, model: PeriodicTask) -> None:
+        """django-celery-beat's (an expired row): disabled without a change signal, by a write of its run fields."""
+        self._write_disabled(model)
+        model.no_changes = True
+        model.enabled = False
+        model.last_run_at = None
+
+    @staticmethod
+    def _write_disabled(model: PeriodicTask, **fields: Any) -> None:
+        """Disable the row (if it is still there) as ``save()`` would, without writing its other columns.
+
+        ``date_changed`` moves, as with ``save()``: a row enabled again by a
+        ``QuerySet.update()`` (an admin action) is then a changed row.
+        """
+        type(model)._default_manager.filter(pk=model.pk).update(
+            enabled=False, last_run_at=None, date_changed=django_now(), **fields
+        )
 
     def vouched_run(self) -> datetime | None:
         """The newest run the row itself vouches for, weighed against the ledger's.
@@ -649,26 +688,27 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         built = {model.name for model in changes.rows}
         renamed = {new: old for new, old in changes.renamed.items() if new in built}
         runs: dict[str, tuple[datetime, int]] = {}
-        asked = []
         for new, old in renamed.items():
             entry = self.schedule.get(old)
             if entry is not None:
                 runs[new] = (entry.last_run_at, entry.total_run_count)
-            else:
-                asked.append(new)  # another shard's row until now, or dropped: its leader wrote the ledger
-        if asked and self.ledger is not None:
-            try:
-                records = self.ledger.load([renamed[new] for new in asked])
-            except ZOOKEEPER_ERRORS as exc:
-                logger.warning(
-                    "zkbeat: cannot read the ledger's runs of renamed rows (%r); %s go by their rows' last runs",
-                    exc, _names(set(asked)),
-                )  # fmt: skip
-                return runs
-            for new in asked:
-                record = records.get(renamed[new])
-                if record is not None and record.state is not None:
-                    runs[new] = (record.state.last_run_at, record.state.total_run_count)
+        if not renamed or self.ledger is None:
+            return runs
+        # The ledger too: another shard's leader ran the row until now, or another leader led since this one
+        # held the entry (a schedule set aside at a takeover).
+        try:
+            records = self.ledger.load(list(renamed.values()))
+        except ZOOKEEPER_ERRORS as exc:
+            logger.warning(
+                "zkbeat: cannot read the ledger's runs of renamed rows (%r); %s go by what this replica holds",
+                exc, _names(set(renamed)),
+            )  # fmt: skip
+            return runs
+        for new, old in renamed.items():
+            record = records.get(old)
+            state = record.state if record is not None else None
+            if state is not None and (new not in runs or _newer(state.last_run_at, runs[new][0])):
+                runs[new] = (state.last_run_at, state.total_run_count)
         return runs
 
     def _carry_run(self, entry: ModelEntry, last_run_at: datetime, total_run_count: int) -> None:
@@ -929,6 +969,14 @@ def copy_row(model: PeriodicTask) -> PeriodicTask:
     clone = model.__class__.__new__(model.__class__)
     clone.__dict__.update(model.__getstate__())
     return clone
+
+
+def _newer(moment: datetime, than: datetime) -> bool:
+    """Whether ``moment`` is later than ``than`` (either naive: taken as UTC, as Celery takes it)."""
+    try:
+        return maybe_make_aware(moment) > maybe_make_aware(than)
+    except (TypeError, ValueError):
+        return False
 
 
 def _names(names: set[str], shown: int = 20) -> str:
