@@ -9,7 +9,7 @@ Real PostgreSQL, ZooKeeper and Redis, the leader in this process.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from tests.support.djangosupport import ON_THE_DATABASE, interval_task, one_off_task, pump
 from tests.support.helpers import Published, connected, lead
@@ -102,3 +102,36 @@ def test_a_one_off_deleted_as_it_runs_stays_deleted(make_scheduler, published: P
     pump(scheduler, lambda: published.count("heartbeat") >= beats + 2)
     assert list(PeriodicTask.objects.filter(name="launch").values_list("name", "enabled")) == []
     assert published.count("launch") == 1
+
+
+def test_a_task_enabled_again_does_not_run_the_ticks_it_missed_while_disabled(
+    make_scheduler, published: Published
+) -> None:
+    """Disabled in the admin (save(): its last_run_at cleared), then enabled again: the ticks that fell while it
+    was disabled are not run (the operator turned it off for them); it goes on from the moment it was enabled, as
+    with django-celery-beat alone."""
+    from django_celery_beat.models import PeriodicTask
+
+    interval_task("heartbeat", 1)
+    report = interval_task("report", 2)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 2)
+    scheduler.sync()  # as every few minutes: the row holds a run and its count
+    report.refresh_from_db()
+    assert report.total_run_count >= 2
+    report.enabled = False
+    report.save()
+    pump(scheduler, lambda: "report" not in scheduler.schedule)
+    runs = published.count("report")
+    beats = published.count("heartbeat")
+    pump(scheduler, lambda: published.count("heartbeat") >= beats + 4)  # a tick or two of its falls meanwhile
+    assert published.count("report") == runs
+
+    report.refresh_from_db()
+    report.enabled = True
+    report.save()
+    enabled_at = PeriodicTask.objects.get(name="report").date_changed
+    pump(scheduler, lambda: published.count("report") > runs)
+    slot = datetime.fromisoformat(published.of("report")[runs][1])
+    assert slot > enabled_at, f"ran a tick it missed while disabled: slot {slot}, enabled again at {enabled_at}"

@@ -119,6 +119,8 @@ class ModelEntry(schedulers.ModelEntry):
         #: The row's last run as read, before django-celery-beat fills in a
         #: default for rows that never ran (None then).
         self.row_last_run_at: datetime | None = model.last_run_at
+        #: The row's run count as read: above 0 with no ``last_run_at``, it ran and was disabled since.
+        self.row_total_run_count: int = model.total_run_count or 0
         super().__init__(model, app=app)
 
     @property  # type: ignore[override]
@@ -202,11 +204,16 @@ class ModelEntry(schedulers.ModelEntry):
         vouches for its last change: an operator who deletes a one-off and
         creates it again under the same name expects it to run, although the
         ledger remembers its namesake's run. (A periodic task in that case
-        keeps the ledger's older run and is caught up once.)
+        keeps the ledger's older run and is caught up once.) So does a row
+        that ran and was disabled with ``save()`` (which clears its
+        ``last_run_at``, not its count), then enabled again: it goes on from
+        then, as with django-celery-beat alone, and the ticks that fell while
+        it was disabled are not caught up. (One disabled before its first run
+        was written to it holds no count, and is caught up once.)
         """
         if self.row_last_run_at is not None:
             return self.row_last_run_at
-        if self.model.one_off:
+        if self.model.one_off or self.row_total_run_count > 0:
             return self.model.date_changed
         return None
 
