@@ -135,3 +135,25 @@ def test_a_task_enabled_again_does_not_run_the_ticks_it_missed_while_disabled(
     pump(scheduler, lambda: published.count("report") > runs)
     slot = datetime.fromisoformat(published.of("report")[runs][1])
     assert slot > enabled_at, f"ran a tick it missed while disabled: slot {slot}, enabled again at {enabled_at}"
+
+
+def test_run_times_go_only_to_rows_still_enabled_and_leave_date_changed(make_scheduler, published: Published) -> None:
+    """docs/django.md: run times are written "only to rows still enabled, without save(): date_changed stays the
+    time of the operator's last edit". A row disabled in the admin after it ran keeps its cleared last_run_at (what
+    tells, when it is enabled again, that it goes on from then)."""
+    from django_celery_beat.models import PeriodicTask
+
+    interval_task("heartbeat", 1)
+    report = interval_task("report", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 2 and {"report", "heartbeat"} <= scheduler._dirty)
+    edited = PeriodicTask.objects.get(name="heartbeat").date_changed
+    report.refresh_from_db()
+    report.enabled = False
+    report.save()
+    scheduler.sync()  # before the leader read the disable: it still holds the row's run
+    assert PeriodicTask.objects.get(name="report").last_run_at is None
+    heartbeat = PeriodicTask.objects.get(name="heartbeat")
+    assert heartbeat.last_run_at is not None and heartbeat.total_run_count >= 1
+    assert heartbeat.date_changed == edited
