@@ -721,8 +721,10 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     def _carry_run(self, entry: ModelEntry, last_run_at: datetime, total_run_count: int) -> None:
         """Give a renamed row's entry the run it had under its old name, if newer than its own; its row gets it too."""
         try:
-            moment = _as_entry_time(entry, maybe_make_aware(last_run_at))
-            if moment <= maybe_make_aware(entry.last_run_at):
+            # An aware time (the ledger's) in the entry's zone, as the term sets it; a naive one (a row's, without
+            # USE_TZ) as the row holds it.
+            moment = last_run_at if last_run_at.tzinfo is None else _as_entry_time(entry, last_run_at)
+            if not _newer(moment, entry.last_run_at):
                 return
         except Exception:  # noqa: BLE001 - the entry's clock: asked again when it is planned, left out if it raises
             return
