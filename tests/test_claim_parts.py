@@ -20,6 +20,7 @@ from tests.support.helpers import Published, every, intercept_claims, lead, stop
 from tests.support.signals import Terminated
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
+from zkbeat.leading.heap_pass import MAX_BATCH
 from zkbeat.ledger import clock
 from zkbeat.ledger.store import Claim, EntryState, Ledger
 from zkbeat.ops.metrics import Metrics
@@ -367,3 +368,27 @@ def test_a_part_whose_reply_is_lost_stops_the_parts_after_it_and_each_entry_is_p
     assert versions(zk_client, ledger, third) == dict.fromkeys(third), "part three was claimed after a lost reply"
     wait_for(lambda: scheduler.tick() is not None and len(published.headers) >= len(NAMES), timeout=20)
     once_each(published)
+
+
+def test_a_pass_takes_at_most_max_batch_due_entries_and_comes_straight_back_for_the_rest(
+    make_scheduler, published: Published
+) -> None:
+    """README and guarantees.md: "a batch is at most 1,000 entries due together" (MAX_BATCH), the bound of what a
+    kill -9 mid-batch can cost. 1,200 entries due at once: one pass publishes 1,000 and asks beat to come straight
+    back (a wait of 0), the next the other 200; every entry once."""
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    names = [f"b{i:04d}" for i in range(MAX_BATCH + 200)]
+    scheduler = leader_of(make_scheduler, {name: every(3600, last_run_at=long_ago) for name in names})
+    passes: list[tuple[int, float | None]] = []
+
+    def all_sent() -> bool:
+        before = len(published.headers)
+        wait = scheduler.tick()
+        if len(published.headers) > before:
+            passes.append((len(published.headers) - before, wait))
+        return len(published.headers) >= len(names)
+
+    wait_for(all_sent, timeout=120, message=lambda: f"passes so far: {passes}")
+    assert [count for count, _ in passes] == [MAX_BATCH, 200], passes
+    assert passes[0][1] == 0, "a full batch must bring beat straight back for the rest"
+    assert sorted(published.entries()) == names

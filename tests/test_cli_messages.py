@@ -116,3 +116,25 @@ def test_status_shows_a_crontab_due_on_the_minute_and_epochs_only_for_the_leader
     assert f"{due[11:19]} (in" in row, (due, row)
     follower_row = next(line for line in text.splitlines() if "the-follower" in line)
     assert follower_row.split()[1] == "-", follower_row
+
+
+def test_status_lists_the_20_entries_due_soonest_unless_all(
+    zk_server: ZooKeeperServer, zk_client: KazooClient, zk_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """operating.md: `zkbeat status` shows each entry's next due time, "the 20 due soonest unless --all". 25
+    entries whose names sort against their order of due times: the 20 due first, in that order, then a line
+    saying how many more; --all lists all 25."""
+    zk_client.ensure_path(f"{zk_root}/v1/election")
+    schedule = {f"entry-{26 - i:02d}": every(60 * i) for i in range(1, 26)}  # entry-25 is due first
+    app = app_for({"zkbeat_hosts": zk_server.hosts, "zkbeat_root": zk_root, "beat_schedule": schedule})
+
+    def names(text: str) -> list[str]:
+        return [line.split()[0] for line in text.splitlines() if line.startswith("  entry-")]
+
+    shown = run_cli(app, "status", monkeypatch=monkeypatch)
+    assert shown.exit_code == 0, output_of(shown)
+    assert names(shown.stdout) == [f"entry-{26 - i:02d}" for i in range(1, 21)], shown.stdout
+    assert "entries (25):" in shown.stdout and "  ... 5 more (--all)" in shown.stdout, shown.stdout
+    every_one = run_cli(app, "status", "--all", monkeypatch=monkeypatch)
+    assert names(every_one.stdout) == [f"entry-{26 - i:02d}" for i in range(1, 26)], every_one.stdout
+    assert "more (--all)" not in every_one.stdout

@@ -81,6 +81,9 @@ def test_pause_holds_an_entry_on_every_leader_until_resumed(cluster: Cluster, zk
     assert scheduled_after(cluster, "held", held_slot) == [], "a paused entry was published"
     assert ledger_slot(zk_client, zk_root, "held") == held_slot
     assert "held is paused (by " in cluster.logs()
+    # operating.md: "the leader logs the pause once" (a term's line, not one per tick it holds back).
+    said = [r.log().count("held is paused (by ") for r in cluster.replicas]
+    assert sum(said) >= 1 and max(said) == 1, (said, cluster.logs())
 
     resumed_at = time.time()
     resumed = cli(cluster, "resume", "held", "--json")

@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 
 from tests.support.helpers import Published, every, lead, wait_for
 from zkbeat.ledger.controls import request_trigger
+from zkbeat.ledger.store import Ledger
 
 
 def test_a_publish_leaves_the_entrys_schedule_on_beats_own_app(make_scheduler, published: Published) -> None:
@@ -112,3 +113,34 @@ def _tick_in_a_thread(scheduler) -> float:
     threading.Thread(target=lambda: returned.append(scheduler.tick()), daemon=True).start()
     wait_for(lambda: returned, timeout=60, message="tick() waited as if wait_in_tick were on")
     return returned[0]
+
+
+def test_a_run_now_neither_moves_the_schedule_nor_counts_among_the_runs(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
+    """operating.md: "A run-now does not move the schedule, nor count among the entry's runs (total_run_count)".
+    An hourly entry that ran: a run-now publishes once (its zkbeat-manual header), and the ledger keeps the last
+    scheduled run, its slot and its count, beat's entry its last run; so no scheduled tick follows the run-now."""
+    scheduler = make_scheduler({"hourly": _overdue_hourly()})
+    lead(scheduler)
+    scheduler.wait_in_tick = False
+    wait_for(lambda: scheduler.tick() is not None and published.count("hourly") >= 1, timeout=15)
+    ledger = Ledger(zk_client, zk_root)
+    before = ledger.load()["hourly"].state
+    ran_before = scheduler.schedule["hourly"].last_run_at
+    request_trigger(zk_client, zk_root, "hourly", by="test")
+    wait_for(lambda: scheduler.tick() is not None and published.count("hourly") >= 2, timeout=30)
+    for _ in range(3):
+        scheduler.tick()
+    assert published.count("hourly") == 2, "the run-now was followed by a scheduled tick"
+    assert [h.get("zkbeat-manual") is not None for h in published.headers if h.get("zkbeat-entry") == "hourly"] == [
+        False,
+        True,
+    ]
+    after = ledger.load()["hourly"].state
+    assert (after.last_run_at, after.slot, after.total_run_count) == (
+        before.last_run_at,
+        before.slot,
+        before.total_run_count,
+    )
+    assert scheduler.schedule["hourly"].last_run_at == ran_before, "the run-now moved the entry's schedule"

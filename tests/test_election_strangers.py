@@ -149,6 +149,13 @@ def test_health_fails_when_the_head_of_the_election_does_not_lead(
     assert result.returncode == 1, result.stdout
     assert "stuck" in result.stderr and "has not" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # operating.md: status shows such a head as "leader: none yet: X heads the line ...", and in JSON `leader` is
+    # null while `head` names it.
+    status = zkbeat("-A", "tests.support.beatapp", "status", env=_app_env(zk_server, root))
+    assert status.returncode == 0, status.stderr
+    assert "\nleader: none yet: stuck (host ?, pid ?) heads the line but has not run a pass" in status.stdout
+    found = json.loads(zkbeat("-A", "tests.support.beatapp", "status", "--json", env=_app_env(zk_server, root)).stdout)
+    assert found["leader"] is None and found["head"]["identity"] == "stuck", found
 
 
 def test_a_failed_announcement_is_made_again(zk_client: KazooClient, path: str, made: list[LeaderElection]) -> None:
@@ -202,3 +209,37 @@ def test_a_stranger_s_candidate_nested_past_the_recursion_limit_stops_no_loop_an
         )
         since = len(published.headers)
         wait_for(lambda: all(published.entries()[since:].count(name) >= 3 for name in entries), timeout=60)
+
+
+def test_sharded_health_fails_naming_each_shard_that_has_no_leader(
+    zk_server: ZooKeeperServer, zk_client: KazooClient, root: str, made: list[LeaderElection]
+) -> None:
+    """docs/sharding.md: `zkbeat health` is ok only when every shard has a leader. With 3 shards, shard 0 led,
+    shard 1 headed by a live session's candidate that never leads and shard 2 with nobody in line, health
+    exits 1 with one line naming shards 1 and 2 (and why), not shard 0; once both are led it is ok."""
+    env = {**_app_env(zk_server, root), "ZKBEAT_TEST_CONF": json.dumps({"zkbeat_shards": 3})}
+    led = _election(zk_client, election_path(root, 0, 3), made, "leader-0")
+    assert led.wait_for_leadership(timeout=10)
+    zk_client.ensure_path(election_path(root, 1, 3))
+    stuck = zk_client.create(
+        f"{election_path(root, 1, 3)}/candidate-{uuid.uuid4().hex}-",
+        b'{"identity": "stuck"}',
+        ephemeral=True,
+        sequence=True,
+    )
+    zk_client.ensure_path(election_path(root, 2, 3))
+
+    result = zkbeat("-A", "tests.support.beatapp", "health", env=env)
+    assert result.returncode == 1, result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "shard 1/3: stuck" in result.stderr and "has not taken the lead" in result.stderr, result.stderr
+    assert "shard 2/3: nobody in its election" in result.stderr, result.stderr
+    assert "shard 0/3" not in result.stderr, result.stderr
+    assert result.stdout == ""
+
+    zk_client.delete(stuck)
+    for shard in (1, 2):
+        assert _election(zk_client, election_path(root, shard, 3), made, f"leader-{shard}").wait_for_leadership(10)
+    ok = zkbeat("-A", "tests.support.beatapp", "health", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok: every shard has a leader (0: leader-0"), ok.stdout

@@ -177,6 +177,24 @@ def test_next_prints_the_fire_times_with_the_entrys_jitter(cluster: Cluster, zk_
     assert lines[1].split() == ["slot", "published", "at", "jitter"]
     assert len(lines) == 12 and all(line.rstrip().endswith("0.000s") for line in lines[2:])
 
+    # operating.md: "a slot already due comes first, marked `due now`, and a paused entry says that none of them
+    # is published until it is resumed". Paused, tick's next slot comes due and stays due.
+    assert cli(cluster, "pause", "tick", "--note", "held for next").returncode == 0
+
+    def paused_and_due() -> list[str] | None:
+        shown = cli(cluster, "next", "tick", "-n", "3")
+        assert shown.returncode == 0, shown.stderr
+        found = shown.stdout.splitlines()
+        return found if "(due now)" in found[3] else None
+
+    lines = wait_for(paused_and_due, timeout=30, message=cluster.logs)
+    assert "none of these is published until resumed" in lines[1] and lines[1].lstrip().startswith("paused by ")
+    assert "(due now)" not in "".join(lines[4:])
+    data = json.loads(cli(cluster, "next", "tick", "-n", "3", "--json").stdout)
+    assert data["paused"]["note"] == "held for next" and data["next"][0]["due"] is True
+    assert [f["due"] for f in data["next"][1:]] == [False, False]
+    assert cli(cluster, "resume", "tick").returncode == 0
+
 
 def test_an_unknown_entry_is_a_clear_failure_in_text_and_json(cluster: Cluster, zk_root: str,
                                                               zk_server: ZooKeeperServer) -> None:  # fmt: skip

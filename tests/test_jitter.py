@@ -197,3 +197,20 @@ def test_after_a_failover_the_new_leader_computes_the_same_moment(make_scheduler
         entry_first, entry_second = first.schedule["spread"], second.schedule["spread"]
         assert first.jitter.offset_for(entry_first, slot) == second.jitter.offset_for(entry_second, slot)
     assert {h["zkbeat-epoch"] for _, _, h in rows[by_first:]} == {second.election.epoch}
+
+
+def test_lateness_for_the_misfire_grace_time_counts_from_the_jittered_moment(make_scheduler) -> None:
+    """operating.md: "lateness for the misfire grace time counts from the jittered moment". A tick planned at a
+    slot whose offset is far beyond the entry's grace is published when its jittered moment has just come, not
+    skipped; it is skipped only once it is later than the grace past that moment."""
+    jitter, grace = 50.0, 5.0
+    options = {"zkbeat_jitter": jitter, "zkbeat_misfire_grace_time": grace}
+    scheduler = make_scheduler({"spread": every(60, options=options)})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and scheduler.term is not None, timeout=15)
+    root = scheduler.zk_settings.root
+    entry = scheduler.schedule["spread"]
+    slot = next(s for s in (SLOT + timedelta(minutes=k) for k in range(1000)) if offset(root, "spread", s, jitter) > 20)
+    moment = slot + timedelta(seconds=offset(root, "spread", slot, jitter))
+    assert scheduler.term._decide(entry, slot, moment + timedelta(seconds=1))[0].skip is False
+    assert scheduler.term._decide(entry, slot, moment + timedelta(seconds=grace + 1))[0].skip is True

@@ -227,6 +227,11 @@ def test_a_lost_session_and_a_failing_step_down_are_taken_over_at_warning(
         epoch = first.election.epoch
         expire_session_quietly(*first.zk_client.client_id, zk_server.hosts)
         took_over(second, rows["takeover after a lost session"], f"as second after first (epoch {epoch}) left")
+        # The replica whose session ended says so itself, at WARNING, naming itself and the epoch it led.
+        lost = [r for r in caplog.records if rows["session lost"].pattern.fullmatch(r.getMessage())]
+        assert [(r.levelname, f"(first, epoch {epoch})" in r.getMessage()) for r in lost] == [("WARNING", True)], [
+            r.getMessage() for r in caplog.records
+        ]
         wait_for(lambda: first.tick() is not None and len(first.election.candidates()) == 2, timeout=30)
         epoch = second.election.epoch
         second.election.step_down(reason="its beat loop stalled past zkbeat_stall_timeout", failed=True)
@@ -235,3 +240,33 @@ def test_a_lost_session_and_a_failing_step_down_are_taken_over_at_warning(
     assert [r.levelname for r in stepping] == ["INFO"] and rows["the leader steps down itself"].pattern.fullmatch(
         stepping[0].getMessage()
     ), [r.getMessage() for r in stepping]
+
+
+def test_a_candidate_deleted_from_outside_is_said_at_warning_and_the_replica_rejoins(
+    make_scheduler, zk_client: KazooClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/operating.md's row "a candidate deleted by someone else": a leader whose candidate znode someone
+    deletes by hand (no step-down request, no departure note) says so once at WARNING on zkbeat.events, with
+    its epoch, and joins the line again at the back; the replica behind it takes over."""
+    rows = table()
+    first = make_scheduler({"often": every(0.2)}, identity="first", zkbeat_liveness=False)
+    lead(first)
+    wait_for(lambda: first.tick() is not None and first.term is not None, timeout=15)
+    second = make_scheduler({"often": every(0.2)}, identity="second", zkbeat_liveness=False)
+    wait_for(lambda: second.zk_client.connected and len(second.election.candidates()) == 2, timeout=15)
+    epoch, candidate = first.election.epoch, first.election.candidate
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        zk_client.delete(candidate)
+
+        def said() -> list[logging.LogRecord]:
+            first.tick()
+            second.tick()
+            return [r for r in caplog.records if rows["a candidate deleted by someone else"].pattern.fullmatch(
+                r.getMessage())]  # fmt: skip
+
+        deleted = wait_for(said, timeout=30, message=lambda: "\n".join(r.getMessage() for r in caplog.records))
+        wait_for(lambda: second.tick() is not None and second.election.is_leader, timeout=30)
+        wait_for(lambda: first.tick() is not None and len(first.election.candidates()) == 2, timeout=30)
+    assert [(r.name, r.levelname) for r in deleted] == [("zkbeat.events", "WARNING")], [r.getMessage() for r in deleted]
+    assert f"(epoch {epoch})" in deleted[0].getMessage()
+    assert not first.election.is_leader and first.election.candidate != candidate

@@ -10,6 +10,7 @@ test, not for a moment."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -19,10 +20,12 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.support.accounting import account
+from tests.support.faults import candidates
 from tests.support.helpers import wait_for
 from tests.support.processes import Cluster, Replica
 from tests.support.servers import RedisServer, ZooKeeperServer
 from tests.test_cli import APP, zkbeat
+from tests.test_log_lines import LOG_FORMAT, epoch_of, printed, table
 
 pytestmark = pytest.mark.processes
 
@@ -89,3 +92,32 @@ def test_a_refusing_replica_steps_aside_and_health_tells_the_truth(cluster: Clus
     assert all(r.alive for r in cluster.replicas if r is not leader)
     report = account(cluster.publishes(), SCHEDULE, kills=[(leader.pid, killed_at)])
     assert report.twice == 0, report.details()
+
+
+def test_a_leader_that_finds_a_newer_layout_hands_over_with_the_documented_line(
+    cluster: Cluster, zk_client: KazooClient, zk_root: str
+) -> None:
+    """docs/operating.md's row "takeover after a newer release's replica": an older replica leads, a newer one is
+    behind it, and `<root>/v2` appears (a `pause --force`): the older one refuses and steps out, and the newer one
+    takes over saying, at INFO, whom it took over from and why; it publishes on, the older one never again."""
+    conf = {"ZKBEAT_TEST_CONF": json.dumps({"worker_log_format": LOG_FORMAT})}
+    older = cluster.add({**OLDER, **conf})
+    wait_for(lambda: publishes_by(cluster, older) >= 2, timeout=60, message=cluster.logs)
+    newer = cluster.add(conf)
+    wait_for(lambda: len(candidates(zk_client, zk_root)) == 2, timeout=60, message=cluster.logs)
+    epoch = epoch_of(zk_client, zk_root, older.identity)
+
+    zk_client.ensure_path(f"{zk_root}/v2")
+    row = table()["takeover after a newer release's replica"]
+    took = wait_for(
+        lambda: next((line for line in printed(newer, row) if f"after {older.identity} (epoch {epoch}) left" in
+                      line.message), None),
+        timeout=60,
+        message=cluster.logs,
+    )  # fmt: skip
+    assert took.logger == "zkbeat.events" and f"as {newer.identity} after" in took.message, took
+    assert refused(older)
+    since = time.time()
+    wait_for(lambda: publishes_by(cluster, newer, since) >= 4, timeout=30, message=cluster.logs)
+    assert publishes_by(cluster, older, since) == 0
+    assert account(cluster.publishes(), SCHEDULE).twice == 0

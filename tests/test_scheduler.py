@@ -14,6 +14,7 @@ from kazoo.exceptions import ConnectionLoss
 
 from tests.support.helpers import Published, every, fail_next_claim, lead, wait_for
 from tests.support.servers import RedisServer, ZooKeeperServer, expire_session_quietly
+from tests.test_log_lines import table
 from zkbeat import ConfigurationError, Scheduler
 from zkbeat.coordination.election import LeaderElection
 from zkbeat.ledger.store import Claim, EntryState, Ledger
@@ -153,7 +154,10 @@ def test_zombie_is_stopped_by_the_fence_alone(
         for _ in range(3):
             scheduler.tick()
     assert len(published.headers) == before
-    assert any("fenced" in r.getMessage() for r in caplog.records)
+    fenced = table()["a claim fenced"]  # the line docs/operating.md tells an operator to look for
+    assert any(r.levelname == fenced.level and fenced.pattern.fullmatch(r.getMessage()) for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 def test_a_message_the_broker_can_never_take_is_dropped_once(

@@ -199,3 +199,43 @@ def test_a_bad_setting_ends_the_zkbeat_command_on_the_same_line(
     assert "Traceback" not in result.stderr + result.stdout, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines == ["zkbeat: zkbeat_session_timeout='ten': expected a number of seconds > 0"], result.stderr
+
+
+def test_a_metrics_port_in_use_ends_celery_beat_on_one_line_naming_the_setting_before_it_joins(
+    zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str
+) -> None:
+    """Two replicas on one host with one ``zkbeat_metrics_port``: the second ends at start-up, status 1, on one line
+    naming the setting and the address, before it joins the election (no candidate of it is left to lead with no
+    /healthz to probe)."""
+    import socket
+
+    from kazoo.client import KazooClient
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        env = beatapp_env(
+            zk_server, redis_server, zk_root, zkbeat_metrics_port=port, zkbeat_metrics_address="127.0.0.1"
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "beat", "--scheduler", "zkbeat.Scheduler"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        taken.close()
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"zkbeat: zkbeat_metrics_port={port}: "), result.stderr
+    assert f"127.0.0.1:{port}" in lines[0], lines[0]
+    client = KazooClient(zk_server.hosts)
+    client.start(10)
+    try:
+        joined = client.exists(f"{zk_root}/v1/election")
+        candidates = client.get_children(f"{zk_root}/v1/election") if joined else []
+    finally:
+        client.stop()
+        client.close()
+    assert candidates == [], f"it joined the election before it failed: {candidates}"

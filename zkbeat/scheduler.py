@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-import click
 from celery import beat
 from kazoo.client import KazooClient
 from kombu.utils.objects import cached_property
@@ -38,7 +37,7 @@ from .leading._signals import hold_shutdown_signals, shutdown_signal_handled
 from .leading.broker import beat_connection, close_connection
 from .leading.heap_pass import HeapPass
 from .leading.leadership import ShardLeadership
-from .leading.replica import Replica
+from .leading.replica import BadSettingExit, Replica
 from .leading.shard_state import ShardState, per_shard
 from .leading.sharded import ShardedLoop
 from .leading.term import SIGNAL_HOLD_LIMIT, Term
@@ -111,10 +110,7 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
             self.zk_settings: Settings = read_settings(app.conf, app.main)
             self._check_shards(self.zk_settings.shards)
         except ConfigurationError as exc:
-            if click.get_current_context(silent=True) is None:
-                raise
-            # Under `celery beat`: one line and exit status 1, not click's traceback.
-            raise BadSettingExit(exc) from None
+            raise BadSettingExit.under_click(exc) from None
         count = self.zk_settings.shards
         #: One leadership state per shard, and the one whose part of the loop runs.
         self._shards = [ShardState(index, count) for index in range(count)]
@@ -373,26 +369,6 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
             heap.append(beat.event_t(self.heap_time(entry, self.ask(entry)), next(ties), entry))
         heapq.heapify(heap)
         self._heap = heap
-
-
-class BadSettingExit(ConfigurationError, click.ClickException):
-    """A bad setting, raised inside the ``celery beat`` command: click prints one line and exits 1.
-
-    Still a :class:`~zkbeat.exceptions.ConfigurationError` for whoever catches
-    that; outside a click command the plain error is raised instead.
-    """
-
-    exit_code = 1
-
-    def __init__(self, error: ConfigurationError) -> None:
-        ConfigurationError.__init__(self, error.setting, error.value, error.reason)
-        self.message = str(error)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"zkbeat: {self.message}", file=file, err=True)
 
 
 class Scheduler(LeaderScheduleMixin, beat.Scheduler):

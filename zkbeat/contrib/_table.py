@@ -95,6 +95,8 @@ class Changes:
     rows: list[Any] = field(default_factory=list)
     #: Names to drop: rows deleted, disabled, renamed away or not wanted.
     gone: set[str] = field(default_factory=set)
+    #: New name -> old name of each row read under another name than it was marked with (the same id).
+    renamed: dict[str, str] = field(default_factory=dict)
     #: Task name -> (crontab pk, why its time zone cannot be loaded): left out.
     unloadable: dict[str, tuple[int, str]] = field(default_factory=dict)
     #: Crontab pk -> why its time zone cannot be loaded, for those no enabled task uses.
@@ -216,6 +218,7 @@ class TaskTable:
         name = row[self._name]
         if old is not None and old.name != name:
             changes.gone.add(old.name)
+            changes.renamed[name] = old.name
         keys = tuple((index, row[column]) for index, column in enumerate(self._keys) if row[column] is not None)
         if any(key not in schedules.digests for key in keys):
             # Its schedule row is gone since (deleted, and the task with it) or newer than the read.

@@ -62,20 +62,23 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from celery import beat
+from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, router, transaction
 from django.db.transaction import TransactionManagementError
+from django.utils.timezone import now as django_now
 from django_celery_beat import schedulers
-from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+from django_celery_beat.utils import NEVER_CHECK_TIMEOUT
 from kazoo.protocol.states import KazooState
 
 from .._collector import no_collection
 from ..coordination.election import Fence
 from ..coordination.shards import entry_shard
+from ..leading.leadership import ZOOKEEPER_ERRORS
 from ..leading.shard_state import ShardState
-from ..leading.term import SIGNAL_HOLD_LIMIT
+from ..leading.term import SIGNAL_HOLD_LIMIT, _as_entry_time
 from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
 from ..ticking.passclock import FromReading
@@ -116,6 +119,8 @@ class ModelEntry(schedulers.ModelEntry):
         #: The row's last run as read, before django-celery-beat fills in a
         #: default for rows that never ran (None then).
         self.row_last_run_at: datetime | None = model.last_run_at
+        #: The row's run count as read: above 0 with no ``last_run_at``, it ran and was disabled since.
+        self.row_total_run_count: int = model.total_run_count or 0
         super().__init__(model, app=app)
 
     @property  # type: ignore[override]
@@ -155,6 +160,43 @@ class ModelEntry(schedulers.ModelEntry):
         clone.__dict__.update(self.__dict__)
         return clone
 
+    def is_due(self) -> schedules.schedstate:
+        """django-celery-beat's; a one-off that ran is disabled by a write of its run fields, not ``save()``.
+
+        Its own writes the whole row from this copy (read when the leader last
+        read the row): an operator's edit made since is undone, and a row
+        deleted since is inserted again.
+        """
+        model = self.model
+        if model.one_off and model.enabled and model.total_run_count > 0:
+            # Written first: if the write fails, the entry is asked again (zkbeat.leading.heap_pass) and tries again.
+            self._write_disabled(model, total_run_count=0)
+            PeriodicTasks.update_changed()
+            model.enabled = False
+            model.total_run_count = 0
+            model.last_run_at = None  # what save() does to a disabled row
+            model.no_changes = False
+            return schedules.schedstate(False, NEVER_CHECK_TIMEOUT)
+        return super().is_due()
+
+    def _disable(self, model: PeriodicTask) -> None:
+        """django-celery-beat's (an expired row): disabled without a change signal, by a write of its run fields."""
+        self._write_disabled(model)
+        model.no_changes = True
+        model.enabled = False
+        model.last_run_at = None
+
+    @staticmethod
+    def _write_disabled(model: PeriodicTask, **fields: Any) -> None:
+        """Disable the row (if it is still there) as ``save()`` would, without writing its other columns.
+
+        ``date_changed`` moves, as with ``save()``: a row enabled again by a
+        ``QuerySet.update()`` (an admin action) is then a changed row.
+        """
+        type(model)._default_manager.filter(pk=model.pk).update(
+            enabled=False, last_run_at=None, date_changed=django_now(), **fields
+        )
+
     def vouched_run(self) -> datetime | None:
         """The newest run the row itself vouches for, weighed against the ledger's.
 
@@ -162,11 +204,16 @@ class ModelEntry(schedulers.ModelEntry):
         vouches for its last change: an operator who deletes a one-off and
         creates it again under the same name expects it to run, although the
         ledger remembers its namesake's run. (A periodic task in that case
-        keeps the ledger's older run and is caught up once.)
+        keeps the ledger's older run and is caught up once.) So does a row
+        that ran and was disabled with ``save()`` (which clears its
+        ``last_run_at``, not its count), then enabled again: it goes on from
+        then, as with django-celery-beat alone, and the ticks that fell while
+        it was disabled are not caught up. (One disabled before its first run
+        was written to it holds no count, and is caught up once.)
         """
         if self.row_last_run_at is not None:
             return self.row_last_run_at
-        if self.model.one_off:
+        if self.model.one_off or self.row_total_run_count > 0:
             return self.model.date_changed
         return None
 
@@ -594,6 +641,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         schedule = self.schedule
         complaints = self._complaints
         touched: set[str] = set()
+        carried = self._runs_under_old_names(changes)  # before the old names' entries are dropped
         for name in changes.gone:
             complaints.forget(name)
             if schedule.pop(name, None) is not None:
@@ -622,6 +670,9 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 else:
                     if model.name not in schedule and self._held_loaded(model.name):
                         added.add(model.name)
+                    run = carried.get(model.name)
+                    if run is not None:
+                        self._carry_run(entry, *run)
                     schedule[model.name] = entry
                 touched.add(model.name)
         for row in complaints.rows():
@@ -643,6 +694,58 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
     def _held_loaded(self, name: str) -> bool:
         """Whether the rows of row ``name``'s shard (or every row, without shards) were read under this leadership."""
         return self._shard_number(name) in self._loaded_shards if self.sharded else self._loaded
+
+    def _runs_under_old_names(self, changes: Changes) -> dict[str, tuple[datetime, int]]:
+        """The last run each renamed row had under its old name: the entry held here, else the ledger's record.
+
+        The ledger knows a task by its name, and a row renamed in the admin
+        is the same row: the run it just had under its old name is its last
+        run, which its ``last_run_at`` may not hold yet (written at the sync
+        interval). Without it, the row would run again at once under its new
+        name (the tick it just ran). Only rows this replica had marked under
+        their old name are known to be renamed (not a row renamed before its
+        first read here).
+        """
+        built = {model.name for model in changes.rows}
+        renamed = {new: old for new, old in changes.renamed.items() if new in built}
+        runs: dict[str, tuple[datetime, int]] = {}
+        for new, old in renamed.items():
+            entry = self.schedule.get(old)
+            if entry is not None:
+                runs[new] = (entry.last_run_at, entry.total_run_count)
+        if not renamed or self.ledger is None:
+            return runs
+        # The ledger too: another shard's leader ran the row until now, or another leader led since this one
+        # held the entry (a schedule set aside at a takeover).
+        try:
+            records = self.ledger.load(list(renamed.values()))
+        except ZOOKEEPER_ERRORS as exc:
+            logger.warning(
+                "zkbeat: cannot read the ledger's runs of renamed rows (%r); %s go by what this replica holds",
+                exc, _names(set(renamed)),
+            )  # fmt: skip
+            return runs
+        for new, old in renamed.items():
+            record = records.get(old)
+            state = record.state if record is not None else None
+            if state is not None and (new not in runs or _newer(state.last_run_at, runs[new][0])):
+                runs[new] = (state.last_run_at, state.total_run_count)
+        return runs
+
+    def _carry_run(self, entry: ModelEntry, last_run_at: datetime, total_run_count: int) -> None:
+        """Give a renamed row's entry the run it had under its old name, if newer than its own; its row gets it too."""
+        try:
+            # An aware time (the ledger's) in the entry's zone, as the term sets it; a naive one (a row's, without
+            # USE_TZ) as the row holds it.
+            moment = last_run_at if last_run_at.tzinfo is None else _as_entry_time(entry, last_run_at)
+            if not _newer(moment, entry.last_run_at):
+                return
+        except Exception:  # noqa: BLE001 - the entry's clock: asked again when it is planned, left out if it raises
+            return
+        entry.last_run_at = moment
+        entry.row_last_run_at = moment  # what the row vouches for (keeps_own_run), written at the next sync
+        entry.total_run_count = total_run_count
+        self._dirty.add(entry.name)
 
     def _entry(self, model: PeriodicTask, tasks: Any) -> ModelEntry | None:
         """The row as an entry; None (logged once) if it cannot be one."""
@@ -890,6 +993,14 @@ def copy_row(model: PeriodicTask) -> PeriodicTask:
     clone = model.__class__.__new__(model.__class__)
     clone.__dict__.update(model.__getstate__())
     return clone
+
+
+def _newer(moment: datetime, than: datetime) -> bool:
+    """Whether ``moment`` is later than ``than`` (either naive: taken as UTC, as Celery takes it)."""
+    try:
+        return maybe_make_aware(moment) > maybe_make_aware(than)
+    except (TypeError, ValueError):
+        return False
 
 
 def _names(names: set[str], shown: int = 20) -> str:

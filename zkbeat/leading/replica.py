@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
 
+import click
 from kazoo.protocol.states import KazooState
 
 from .. import __version__
@@ -29,6 +31,7 @@ from ..coordination.election import LeaderElection, events
 from ..coordination.liveness import Beacon, Watcher, default_host
 from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
 from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path, unready_path
+from ..exceptions import ConfigurationError
 from ..ledger.store import Ledger
 from .broker import load_transport
 from .broker import probe as probe_broker
@@ -39,6 +42,45 @@ from .watchdog import Watchdog
 __all__ = ["Replica"]
 
 logger = logging.getLogger("zkbeat.scheduler")
+
+
+class BadSettingExit(ConfigurationError, click.ClickException):
+    """A bad setting, raised inside the ``celery beat`` command: click prints one line and exits 1.
+
+    Still a :class:`~zkbeat.exceptions.ConfigurationError` for whoever catches
+    that; outside a click command the plain error is raised instead.
+    """
+
+    exit_code = 1
+
+    def __init__(self, error: ConfigurationError) -> None:
+        ConfigurationError.__init__(self, error.setting, error.value, error.reason)
+        self.message = str(error)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"zkbeat: {self.message}", file=file, err=True)
+
+    @classmethod
+    def under_click(cls, error: ConfigurationError) -> ConfigurationError:
+        """``error`` as one line and exit status 1 inside ``celery beat`` (a click command, not its traceback);
+        elsewhere ``error`` itself."""
+        return error if click.get_current_context(silent=True) is None else cls(error)
+
+    @classmethod
+    def exit_under_click(cls, error: ConfigurationError) -> None:
+        """Inside ``celery beat``, end the process on ``error``'s one line, status 1; elsewhere return.
+
+        For a setting only joining can judge: Celery builds the scheduler for
+        its loop inside an ``except Exception`` that logs a traceback first,
+        so the exit is a SystemExit, which it lets through.
+        """
+        if click.get_current_context(silent=True) is not None:
+            bad = cls(error)
+            bad.show(sys.__stderr__)  # by now Celery sends sys.stderr to its log
+            raise SystemExit(bad.exit_code)
 
 
 class Replica:
@@ -69,6 +111,12 @@ class Replica:
             # logger "zkbeat.events" is configured otherwise.
             events.setLevel(logging.INFO)
         self._warn_unknown_settings()
+        try:
+            # Before joining: a replica that cannot serve its /healthz must not lead with none to probe.
+            self.metrics.serve()
+        except ConfigurationError as exc:
+            BadSettingExit.exit_under_click(exc)
+            raise
         self.zk_client = make_client(settings, self.Client, report_unreachable=True)
         self.zk_client.add_listener(self._on_connection_state)
         self.ledger = Ledger(self.zk_client, settings.root, timeout=settings.session_timeout)
@@ -121,7 +169,6 @@ class Replica:
             election.start()
         # While ZooKeeper answers: the first pass that leads publishes without importing it.
         load_transport(self.app)
-        self.metrics.serve()
 
     def _join_shard(self, data: dict[str, Any]) -> None:
         """The current shard's election, its liveness watch and its broker handover (not started yet)."""

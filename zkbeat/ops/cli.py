@@ -14,6 +14,7 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -182,13 +183,59 @@ def _target(ctx: click.Context) -> Target:
     return target
 
 
+class _Seconds(click.FloatRange):
+    """A number of seconds in a range, and finite: nan and inf would reach kazoo and threading as a timeout."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number
+
+
 #: A number of seconds to wait for ZooKeeper: more than nothing.
-_SECONDS = click.FloatRange(min=0, min_open=True)
+_SECONDS = _Seconds(min=0, min_open=True)
 #: A number of seconds to wait for the cluster: none at all is a valid answer ("what is it now?").
-_WAIT = click.FloatRange(min=0)
+_WAIT = _Seconds(min=0)
 
 
-@click.group(help=_plain(__doc__.split("\n\n")[0]))
+def _usage_failed(exc: click.UsageError, args: list[str]) -> NoReturn:
+    """A flag or argument click refused: one line (and the JSON object under --json), exit 2, as every failure.
+
+    A command given no arguments at all shows its help, as before.
+    """
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        raise exc
+    message = exc.format_message().replace("\n", " ")
+    if exc.ctx is not None:
+        message += f" (see {exc.ctx.command_path} --help)"
+    if "--json" in args:
+        click.echo(json.dumps({"ok": False, "error": message, "exit_status": 2}, indent=2, sort_keys=True))
+    click.echo(f"zkbeat: {message}", err=True)
+    sys.exit(2)
+
+
+class _Group(click.Group):
+    """The `zkbeat` command: a flag or argument it refuses is answered as any other failure (see _fail)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["zkbeat.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_failed(exc, list(args))
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:  # a subcommand's own flags and arguments
+            _usage_failed(exc, ctx.meta.get("zkbeat.args", []))
+
+
+@click.group(cls=_Group, help=_plain(__doc__.split("\n\n")[0]))
 @click.option("-A", "--app", "app_name", help="Celery app, as for `celery -A` (reads its zkbeat_* settings).")
 @click.option("--hosts", help="ZooKeeper connect string (overrides the app's zkbeat_hosts).")
 @click.option("--root", help="zkbeat root znode (overrides the app's zkbeat_root).")
@@ -206,6 +253,7 @@ def _quiet_kazoo() -> None:
 
 
 @click.group(
+    cls=_Group,
     name="zkbeat",
     help="zkbeat cluster status, step-down, health; pause, resume and trigger entries; their history and next runs.",
 )
@@ -940,7 +988,13 @@ for _command in (status, step_down, health, pause, resume, trigger, history, nex
 
 
 @click.command()
-@click.option("--port", default=5555, show_default=True, type=int, help="TCP port to serve on (0: any free one).")
+@click.option(
+    "--port",
+    default=5555,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port to serve on (0: any free one).",
+)
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @click.option(
     "--secret-file",

@@ -183,7 +183,16 @@ class Metrics:
         if self._prom is None or self._server is not None:
             return
         settings = self._settings
-        self._server = ThreadingHTTPServer((settings.metrics_address, settings.metrics_port), _handler(self))
+        address = (settings.metrics_address, settings.metrics_port)
+        try:
+            self._server = ThreadingHTTPServer(address, _handler(self))
+        except OSError as exc:  # the port taken (another replica on this host), the address not this host's
+            raise ConfigurationError(
+                "zkbeat_metrics_port",
+                settings.metrics_port,
+                f"cannot listen on {settings.metrics_address}:{settings.metrics_port} ({exc.strerror or exc}); "
+                "each replica on a host needs a port of its own",
+            ) from None
         self._server.daemon_threads = True
         thread = threading.Thread(target=self._server.serve_forever, name="zkbeat-metrics", daemon=True)
         thread.start()

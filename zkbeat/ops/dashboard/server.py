@@ -134,6 +134,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a method not served, a request it cannot read) as every answer: JSON, with
+        the security headers (http.server's error page has none of them)."""
+        self.close_connection = True
+        self._json(code, {"error": message or self.responses.get(code, ("error",))[0]})
+
     def _json(self, code: int, data: Any) -> None:
         self._send(code, "application/json", json.dumps(data, sort_keys=True).encode())
 
