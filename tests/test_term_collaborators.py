@@ -53,7 +53,7 @@ class Hooks:
         return ScheduleView(
             read=lambda: self.schedule,
             reserve=self.reserve,
-            entry_is_due=lambda entry: entry.is_due(),
+            ask=lambda entry: (*entry.is_due(), True),
             leave_out=self.leave_out,
             invalidate_heap=self.invalidate,
             keeps_own_run=lambda entry, state: False,

@@ -78,10 +78,9 @@ from ..coordination.election import Fence
 from ..coordination.shards import entry_shard
 from ..leading.leadership import ZOOKEEPER_ERRORS
 from ..leading.shard_state import ShardState
-from ..leading.term import SIGNAL_HOLD_LIMIT, _as_entry_time
+from ..leading.term import SIGNAL_HOLD_LIMIT, as_entry_time
 from ..ledger.store import EntryState
 from ..scheduler import LeaderScheduleMixin
-from ..ticking.passclock import FromReading
 from . import _rows
 from ._heap import Placer
 from ._runs import RunTimesNotWritten, write_run_times
@@ -737,7 +736,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         try:
             # An aware time (the ledger's) in the entry's zone, as the term sets it; a naive one (a row's, without
             # USE_TZ) as the row holds it.
-            moment = last_run_at if last_run_at.tzinfo is None else _as_entry_time(entry, last_run_at)
+            moment = last_run_at if last_run_at.tzinfo is None else as_entry_time(entry, last_run_at)
             if not _newer(moment, entry.last_run_at):
                 return
         except Exception:  # noqa: BLE001 - the entry's clock: asked again when it is planned, left out if it raises
@@ -839,7 +838,11 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 # Answered from the pass's reading, not the row's own clock: its wait goes on the heap from that
                 # reading (zkbeat.leading.heap_pass _push), not from the later moment the pass asked this row.
                 self.answered_from_reading(entry)
-                return FromReading(False, remaining) if remaining else FromReading(True, entry.schedule.seconds)
+                return (
+                    schedules.schedstate(False, remaining)
+                    if remaining
+                    else schedules.schedstate(True, entry.schedule.seconds)
+                )
         return entry.is_due()
 
     def schedules_equal(self, *args: Any, **kwargs: Any) -> bool:

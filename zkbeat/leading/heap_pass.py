@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 from celery import beat
 
 from .._collector import no_collection
-from ..ticking.passclock import FromReading
 from ..ticking.ticks import delay_to_slot
 from .term import RETRY_DELAY, Due, Requeue
 
@@ -219,11 +218,6 @@ class HeapPass:
                     when -= 0.0 if since is None else max(0.0, time.monotonic() - since)
             heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
 
-    def entry_is_due(self, entry: beat.ScheduleEntry) -> tuple[bool, float]:
-        """``entry.is_due()``, as :meth:`ask` answers it."""
-        is_due, next_time, _ = self.ask(entry)
-        return is_due, next_time
-
     def ask(self, entry: beat.ScheduleEntry) -> Answer:
         """``entry.is_due()``, and whether its own clock answered; an entry whose schedule raises is logged once and
         left out.
@@ -244,10 +238,9 @@ class HeapPass:
                 self._from_reading = None
                 try:
                     answer = self.is_due(entry)
-                    # A host's is_due may answer from the pass's reading (zkbeat.contrib.django's interval rows): its
-                    # answer says so by its type, and the host by answered_from_reading, which a subclass's is_due
-                    # that hands the answer on in another type (a plain tuple) does not undo.
-                    own_clock = not isinstance(answer, FromReading) and self._from_reading is not entry
+                    # A host's is_due may answer from the pass's reading (zkbeat.contrib.django's interval rows): it
+                    # says so by answered_from_reading, which a subclass's is_due handing the answer on keeps.
+                    own_clock = self._from_reading is not entry
                 finally:
                     self._from_reading = None
             is_due, next_time = answer

@@ -57,8 +57,10 @@ class ScheduleView:
     read: Callable[[], MutableMapping[str, ScheduleEntry]]
     #: Celery's ``reserve()``: the entry's successor, stored in the schedule.
     reserve: Callable[[ScheduleEntry], ScheduleEntry]
-    #: ``entry.is_due()`` as beat asks it: (is due, seconds to the next check); an entry that raises is left out.
-    entry_is_due: Callable[[ScheduleEntry], tuple[bool, float]]
+    #: ``entry.is_due()`` as beat asks it: (is due, seconds to the next check, whether the entry's own clock answered,
+    #: read as it was asked: its wait then counts from that moment, else from the pass's reading); an entry that
+    #: raises is left out (zkbeat.leading.heap_pass.HeapPass.ask).
+    ask: Callable[[ScheduleEntry], tuple[bool, float, bool]]
     #: Log (once per distinct error) that an entry cannot run now: ``leave_out(entry, exc)``.
     leave_out: Callable[[ScheduleEntry, BaseException], None]
     #: Rebuild beat's heap from the schedule at the next pass.
@@ -70,10 +72,6 @@ class ScheduleView:
     #: Whether reserve() gave this successor the pass's clock reading as its last run (an interval's next wait then
     #: counts from that reading); False: from the moment reserve() returned.
     reserved_at_reading: Callable[[ScheduleEntry], bool] = lambda successor: False
-    #: ``entry_is_due`` with whether the entry's own clock answered, read as it was asked (an
-    #: zkbeat.leading.heap_pass.Answer: ``(is due, seconds to the next check, own clock)``); its wait then counts
-    #: from that moment. None: ``entry_is_due``, its wait from the pass's reading.
-    ask: Callable[[ScheduleEntry], tuple[bool, float, bool]] | None = None
     #: Whether entry ``name`` is the term's shard's (zkbeat.coordination.shards): a term reads, merges and
     #: keeps the ledger of its own shard's entries only. Fixed when the term is made.
     holds: Callable[[str], bool] = lambda name: True

@@ -424,7 +424,6 @@ class ShardLeadership:
         view = ScheduleView(
             read=lambda: self.schedule,
             reserve=lambda entry: self.reserve(entry),
-            entry_is_due=lambda entry: self.entry_is_due(entry),
             leave_out=lambda entry, exc: self.leave_out(entry, exc),
             invalidate_heap=lambda: self.invalidate_heap(),
             keeps_own_run=lambda entry, state: self.keeps_own_run(entry, state),

@@ -302,7 +302,7 @@ class Term:
         try:
             if self.view.keeps_own_run(entry, state) and not self._ahead_of_now(entry.last_run_at):
                 return
-            entry.last_run_at = _as_entry_time(entry, state.last_run_at, zones)
+            entry.last_run_at = as_entry_time(entry, state.last_run_at, zones)
         except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
             self.view.leave_out(entry, exc)
             return
@@ -361,7 +361,7 @@ class Term:
             entry = schedule.get(name)
             if entry is not None and self._own_run_ahead(entry):
                 try:
-                    entry.last_run_at = _as_entry_time(entry, now)
+                    entry.last_run_at = as_entry_time(entry, now)
                 except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
                     self.view.leave_out(entry, exc)
         self.metrics.ledger_ahead(len([name for name in ahead if name not in counted]))
@@ -505,7 +505,7 @@ class Term:
         if entry is None:
             return
         try:
-            entry.last_run_at = _as_entry_time(entry, state.last_run_at)
+            entry.last_run_at = as_entry_time(entry, state.last_run_at)
         except Exception as exc:  # noqa: BLE001 - one entry's clock must not stop the rest
             self.view.leave_out(entry, exc)
             return
@@ -1103,7 +1103,7 @@ class Term:
                 next_entry.total_run_count = entry.total_run_count  # a skip is not a run
             next_delay = None
             if decision.advance_to is not None:
-                next_entry.last_run_at = _as_entry_time(next_entry, decision.advance_to)
+                next_entry.last_run_at = as_entry_time(next_entry, decision.advance_to)
                 next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
             elif nominal_now != now and isinstance(entry.schedule, schedules.schedule):
                 next_from = None  # counts from the nominal moment, before reserve() read the clock: as before
@@ -1112,7 +1112,7 @@ class Term:
                 # next slot later by this slot's offset, period after period.
                 # Count from the nominal moment of this publish instead: the
                 # slot when on time, Celery's "go on from now" when late.
-                next_entry.last_run_at = _as_entry_time(next_entry, max(slot, nominal_now))
+                next_entry.last_run_at = as_entry_time(next_entry, max(slot, nominal_now))
             last_run_at = maybe_make_aware(next_entry.last_run_at)
         except BaseException:
             if self.schedule.get(entry.name) is next_entry:
@@ -1195,11 +1195,7 @@ class Term:
         would put it back on beat's heap early by that read, to be asked
         again in vain (zkbeat.leading.heap_pass ``_push``).
         """
-        ask = self.view.ask
-        if ask is None:
-            is_due, next_time = self.view.entry_is_due(entry)
-            return is_due, next_time, None
-        is_due, next_time, own_clock = ask(entry)
+        is_due, next_time, own_clock = self.view.ask(entry)
         return is_due, next_time, time.monotonic() if own_clock else None
 
 
@@ -1215,7 +1211,7 @@ def _paused(known: _Known | LedgerRecord | None) -> bool:
     return state is not None and state.paused is not None
 
 
-def _as_entry_time(entry: beat.ScheduleEntry, moment: datetime, zones: dict[tuple, Any] | None = None) -> datetime:
+def as_entry_time(entry: beat.ScheduleEntry, moment: datetime, zones: dict[tuple, Any] | None = None) -> datetime:
     """Express a ledger time in the zone Celery's own entry uses.
 
     Asking an entry for "now" costs ~15 µs (Celery's app.now), a third of a

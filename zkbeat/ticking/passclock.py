@@ -39,17 +39,7 @@ from celery.utils.time import remaining
 
 from .ticks import interval_aware
 
-__all__ = ["FromReading", "PassClock"]
-
-
-class FromReading(schedules.schedstate):
-    """An ``is_due()`` answer worked out from the pass's reading of the entry's clock, not a reading of its own.
-
-    A scheduler whose ``is_due`` answers some entries this way (zkbeat.contrib.django's interval rows) says so by
-    this type: their waits count from the reading (zkbeat.leading.heap_pass), not from when each was asked.
-    """
-
-    __slots__ = ()
+__all__ = ["PassClock"]
 
 
 class PassClock:
