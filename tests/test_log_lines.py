@@ -200,17 +200,23 @@ def test_the_table_reads_as_the_test_expects() -> None:
         assert event in rows, event
 
 
-def test_a_lost_session_and_a_failing_step_down_are_taken_over_at_warning(
-    make_scheduler, zk_server: ZooKeeperServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A leader whose session ended, or that stepped down as something failed: its successor logs a WARNING."""
-    rows = table()
+def leader_and_follower(make_scheduler):
+    """Two in-process replicas without liveness sockets: "first" leads a term, "second" stands behind it."""
     first = make_scheduler({"often": every(0.2)}, identity="first", zkbeat_liveness=False)
     lead(first)
     wait_for(lambda: first.tick() is not None and first.term is not None, timeout=15)
     second = make_scheduler({"often": every(0.2)}, identity="second", zkbeat_liveness=False)
     # Once its client connected: before its connection thread runs, kazoo answers "Connection has been closed".
     wait_for(lambda: second.zk_client.connected and len(second.election.candidates()) == 2, timeout=15)
+    return first, second
+
+
+def test_a_lost_session_and_a_failing_step_down_are_taken_over_at_warning(
+    make_scheduler, zk_server: ZooKeeperServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader whose session ended, or that stepped down as something failed: its successor logs a WARNING."""
+    rows = table()
+    first, second = leader_and_follower(make_scheduler)
 
     def took_over(scheduler, row: Row, containing: str) -> None:
         def found() -> bool:
@@ -249,11 +255,7 @@ def test_a_candidate_deleted_from_outside_is_said_at_warning_and_the_replica_rej
     deletes by hand (no step-down request, no departure note) says so once at WARNING on zkbeat.events, with
     its epoch, and joins the line again at the back; the replica behind it takes over."""
     rows = table()
-    first = make_scheduler({"often": every(0.2)}, identity="first", zkbeat_liveness=False)
-    lead(first)
-    wait_for(lambda: first.tick() is not None and first.term is not None, timeout=15)
-    second = make_scheduler({"often": every(0.2)}, identity="second", zkbeat_liveness=False)
-    wait_for(lambda: second.zk_client.connected and len(second.election.candidates()) == 2, timeout=15)
+    first, second = leader_and_follower(make_scheduler)
     epoch, candidate = first.election.epoch, first.election.candidate
     with caplog.at_level(logging.INFO, logger="zkbeat"):
         zk_client.delete(candidate)
