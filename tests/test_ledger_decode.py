@@ -142,6 +142,7 @@ def reference_decode_state(raw: bytes | None) -> EntryState:
         manual=data["manual"] if isinstance(data.get("manual"), str) else None,
         early=_ref_decode_early(data.get("early")),
         recent=_ref_decode_runs(data.get("recent")),
+        source=data["source"] if isinstance(data.get("source"), str) else None,  # added with the field
     )
 
 
@@ -219,6 +220,7 @@ _states = st.builds(
     manual=st.none() | st.text(),
     early=st.lists(st.tuples(_times, _times), max_size=3).map(tuple),
     recent=st.lists(_runs, max_size=RECENT_RUNS + 1).map(tuple),
+    source=st.none() | st.text(),
 )
 
 _quiet = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -286,6 +288,7 @@ _odd_records = st.fixed_dictionaries(
         | st.fixed_dictionaries({}, optional={"by": st.text(max_size=3) | _odd_values, "at": _odd_times | _odd_values})
         | _odd_values,
         "manual": st.none() | st.text(max_size=5) | _odd_values,
+        "source": st.none() | st.text(max_size=5) | _odd_values,
         "early": st.none() | st.lists(st.lists(_odd_times, min_size=1, max_size=3), max_size=3) | _odd_values,
         "recent": st.none() | _odd_runs | _odd_values,
         "shard_owner": _odd_values,
@@ -362,6 +365,8 @@ _HAND_WRITTEN = [
     b'{"last_run_at": "2026-01-01T12:00:00+00:00", "paused": false}',
     b'{"last_run_at": "2026-01-01T12:00:00+00:00", "manual": 5}',
     b'{"last_run_at": "2026-01-01T12:00:00+00:00", "manual": "req-0000000001"}',
+    b'{"last_run_at": "2026-01-01T12:00:00+00:00", "source": 5}',
+    b'{"last_run_at": "2026-01-01T12:00:00+00:00", "source": "12@2026-01-01T11:59:00.123456+00:00"}',
     b'{"last_run_at": "2026-01-01T12:00:00+00:00", "early": []}',
     b'{"last_run_at": "2026-01-01T12:00:00+00:00", "early": "x"}',
     b'{"last_run_at": "2026-01-01T12:00:00+00:00", "early": {"ab": 1}}',
@@ -464,6 +469,7 @@ def test_the_reference_still_matches_the_shape_of_the_state() -> None:
         "manual",
         "early",
         "recent",
+        "source",
     ]
 
 

@@ -57,6 +57,8 @@ def reference_encode_state(state: EntryState) -> bytes:
         data["early"] = [[_ref_iso(first), _ref_iso(last)] for first, last in state.early]
     if state.recent:
         data["recent"] = _ref_runs(state.recent)
+    if state.source is not None:  # added with the field, as the general path writes it
+        data["source"] = state.source
     return json.dumps(data, sort_keys=True).encode()
 
 
@@ -148,6 +150,7 @@ _claimed = st.builds(
     slot=st.none() | _claim_times,
     manual=st.none() | _odd_text,
     recent=_recent,
+    source=st.none() | _odd_text,
 )
 _states = _claimed | st.builds(
     EntryState,
@@ -158,6 +161,7 @@ _states = _claimed | st.builds(
     slot=st.none() | _times,
     paused=st.none() | st.builds(Pause, by=_odd_text, at=st.none() | _times, note=_odd_text),
     manual=st.none() | _odd_text | st.integers(),
+    source=st.none() | _odd_text | st.integers(),
     early=st.lists(st.tuples(_times, _times), max_size=3).map(tuple),
     recent=_recent | _odd_recent,
 )

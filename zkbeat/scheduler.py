@@ -192,6 +192,14 @@ class LeaderScheduleMixin(Replica, ShardedLoop, ShardLeadership, HeapPass):
         """
         return False
 
+    def entry_source(self, entry: beat.ScheduleEntry) -> str | None:
+        """What ``entry`` was built from, recorded with each of its runs in the ledger (``EntryState.source``).
+
+        None by default; a host whose entries are rows says which row (its id and version), so that its
+        ``keeps_own_run`` can tell a run of the row it holds now from a run of another under the same name.
+        """
+        return None
+
     def schedule_loaded(self) -> bool:
         """Whether ``schedule`` is the host's whole schedule (False: its last read failed).
 

@@ -86,7 +86,7 @@ from ._heap import Placer
 from ._runs import RunTimesNotWritten, write_run_times
 from ._table import Changes, TaskTable
 
-__all__ = ["DatabaseScheduler", "ModelEntry", "keeps_own_run", "copy_row"]
+__all__ = ["DatabaseScheduler", "ModelEntry", "keeps_own_run", "row_source", "copy_row"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,10 @@ class ModelEntry(schedulers.ModelEntry):
     so what the ledger merges in is what ``is_due`` sees (a one-off checks
     the row's count), what ``__next__`` advances and what ``save`` writes.
     """
+
+    #: The leader gave it the run it had under its old name (a rename it saw, :meth:`DatabaseScheduler._carry_run`):
+    #: its own run is then its newest, whatever the ledger holds under its new name (another row's).
+    run_carried: bool = False
 
     def __init__(self, model: PeriodicTask, app: Any = None) -> None:
         self.model = model  # the properties below need it before the base class assigns them
@@ -217,13 +221,61 @@ class ModelEntry(schedulers.ModelEntry):
         return None
 
 
-def keeps_own_run(entry: beat.ScheduleEntry, state: EntryState) -> bool:
-    """Keep the row's last run when it vouches for one at least as new as the ledger's.
+def row_source(entry: beat.ScheduleEntry) -> str | None:
+    """The row an entry was built from, as its runs record it in the ledger: ``<id>@<date_changed>``.
 
-    The leader's rule (``DatabaseScheduler.keeps_own_run``), and the admin's
-    when it says when a row runs next (zkbeat.contrib.admin).
+    ``date_changed`` moves with every ``save()`` (an admin edit, a rename, a disable, an enable) and with
+    zkbeat's own disable of a one-off that ran, never with a write of run times: the same text means the
+    same row, unchanged since. None for an entry that is not a row's.
     """
-    vouched = entry.vouched_run() if isinstance(entry, ModelEntry) else None
+    model = getattr(entry, "model", None) if isinstance(entry, ModelEntry) else None
+    if model is None or model.pk is None:
+        return None
+    changed = model.__dict__.get("date_changed")
+    return f"{model.pk}@{changed.isoformat() if isinstance(changed, datetime) else ''}"
+
+
+def keeps_own_run(entry: beat.ScheduleEntry, state: EntryState) -> bool:
+    """Keep the row's last run over the ledger's ``state``, the run recorded under the row's name?
+
+    The ledger knows a task by its name, and records which row each run was of (:func:`row_source`):
+
+    ===================================  ==========================================================
+    the ledger's run was of              the entry keeps
+    ===================================  ==========================================================
+    this row, unchanged since            the ledger's run (a one-off that ran and whose leader died
+                                         before disabling it is disabled, whatever its clock said)
+    another row, and this one is a       its own: the newest of its row's run and the run it had
+    rename the leader saw (two rows      under its old name (``run_carried``)
+    that traded names)
+    another row, and this one a one-off  its own: a one-off created again runs once
+    this row, changed since, a one-off   its own: an operator re-armed it (or edited it, below)
+    anything else: another row (a        the newer of the two runs (``vouched_run``): a row renamed
+    periodic task created again, a row   before this leader read it may have run under its old
+    renamed before this leader read      name since its row was last written, which only the
+    it), this row changed since, not     ledger's record of that name holds
+    said (an earlier release)
+    ===================================  ==========================================================
+
+    Only the last row compares times: a row's ``date_changed`` is stamped by the clock of the host that
+    saved it (an admin host's), the ledger's runs by the leaders'. The leader's rule
+    (``DatabaseScheduler.keeps_own_run``), and the admin's when it says when a row runs next
+    (zkbeat.contrib.admin).
+    """
+    if not isinstance(entry, ModelEntry):
+        return False
+    recorded = state.source
+    if recorded is not None:
+        own = row_source(entry)
+        if own is not None:
+            if recorded == own:
+                return False
+            if recorded.partition("@")[0] != own.partition("@")[0]:
+                if entry.run_carried or entry.model.one_off:
+                    return entry.vouched_run() is not None
+            elif entry.model.one_off:
+                return True
+    vouched = entry.vouched_run()
     return vouched is not None and maybe_make_aware(vouched) >= state.last_run_at
 
 
@@ -486,8 +538,12 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                     super().entries_replaced(names, added)
 
     def keeps_own_run(self, entry: beat.ScheduleEntry, state: EntryState) -> bool:
-        """The module's :func:`keeps_own_run`: the row's run when it is at least as new as the ledger's."""
+        """The module's :func:`keeps_own_run`: the ledger's run unless it was another row's, or the row's newer."""
         return keeps_own_run(entry, state)
+
+    def entry_source(self, entry: beat.ScheduleEntry) -> str | None:
+        """The row (its id and ``date_changed``) each run of ``entry`` records in the ledger (:func:`row_source`)."""
+        return row_source(entry)
 
     # -- the loop ----------------------------------------------------------
 
@@ -737,6 +793,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             # An aware time (the ledger's) in the entry's zone, as the term sets it; a naive one (a row's, without
             # USE_TZ) as the row holds it.
             moment = last_run_at if last_run_at.tzinfo is None else as_entry_time(entry, last_run_at)
+            entry.run_carried = True  # its own run is now its newest: not the ledger's under its new name
             if not _newer(moment, entry.last_run_at):
                 return
         except Exception:  # noqa: BLE001 - the entry's clock: asked again when it is planned, left out if it raises

@@ -75,6 +75,9 @@ class ScheduleView:
     #: Whether entry ``name`` is the term's shard's (zkbeat.coordination.shards): a term reads, merges and
     #: keeps the ledger of its own shard's entries only. Fixed when the term is made.
     holds: Callable[[str], bool] = lambda name: True
+    #: What the host built the entry from, recorded with each run claimed (``EntryState.source``), for its
+    #: ``keeps_own_run`` to tell a run of the row it holds now from another's; None: nothing to record.
+    source_of: Callable[[ScheduleEntry], str | None] = lambda entry: None
 
 
 @dataclass(frozen=True)

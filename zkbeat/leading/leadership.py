@@ -431,6 +431,7 @@ class ShardLeadership:
             reserved_at_reading=lambda successor: self.reserved_at_reading(successor),
             ask=lambda entry: self.ask(entry),
             holds=self._shard_members(),
+            source_of=lambda entry: self.entry_source(entry),
         )
         return Collaborators(
             ledger=self.ledger,

@@ -1130,6 +1130,7 @@ class Term:
             early=early,
             # The run joins the entry's recent runs in this same claim (zkbeat.ledger.history); a skip is no run.
             recent=previous.recent if skip else self._add_run(previous.recent, entry, slot, now),
+            source=self.view.source_of(entry),
         )
         claim = Claim(entry.name, state, known.version)
         return _Tick(

@@ -139,6 +139,11 @@ class EntryState:
     early: tuple[tuple[datetime, datetime], ...] = ()
     #: The entry's last runs, newest first, at most zkbeat.ledger.history.RECENT_RUNS.
     recent: tuple[Run, ...] = ()
+    #: What the host built the entry from when this run was claimed, in its own words (a django-celery-beat
+    #: row: its id and ``date_changed``, zkbeat.contrib.django): whether the run is of the row the host holds
+    #: now, told without comparing two hosts' clocks. None: nothing said (a ``beat_schedule`` entry, an earlier
+    #: release).
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,8 @@ def _encode_claimed(state: EntryState) -> bytes | None:
     count, epoch, manual, recent = state.total_run_count, state.epoch, state.manual, state.recent
     if type(count) is not int or not (epoch is None or type(epoch) is int) or type(recent) is not tuple:
         return None
-    if not (manual is None or type(manual) is str):
+    source = state.source
+    if not (manual is None or type(manual) is str) or not (source is None or type(source) is str):
         return None
     # In the order the general path reads them, each before the next: a time that overflows in UTC
     # raises where it did, and one that is no datetime leaves it to the general path before a later one is read.
@@ -217,7 +223,10 @@ def _encode_claimed(state: EntryState) -> bytes | None:
                 return None
             runs.append(f"[{slot_ms}, {late_ms}, {_quote(replica)}, {run_epoch}, {_quote(kind)}]")
         text += f', "recent": [{", ".join(runs)}]'
-    return f'{text}, "slot": {slot}, "total_run_count": {count}, "updated_at": {updated_at}}}'.encode()
+    text += f', "slot": {slot}'
+    if source is not None:
+        text += f', "source": {_quote(source)}'
+    return f'{text}, "total_run_count": {count}, "updated_at": {updated_at}}}'.encode()
 
 
 def _encode_any(state: EntryState) -> bytes:
@@ -237,6 +246,8 @@ def _encode_any(state: EntryState) -> bytes:
         data["early"] = [[_iso(first), _iso(last)] for first, last in state.early]
     if state.recent:
         data["recent"] = encode_runs(state.recent)
+    if state.source is not None:
+        data["source"] = state.source
     return json.dumps(data, sort_keys=True).encode()
 
 
@@ -327,7 +338,7 @@ def _decode_written(raw: bytes | None) -> EntryState | None:
         return None
     if slot is not None and slot.tzinfo is not _UTC:
         return None
-    paused, manual, early, recent = get("paused"), get("manual"), get("early"), get("recent")
+    paused, manual, early, recent, source = get("paused"), get("manual"), get("early"), get("recent"), get("source")
     return EntryState(
         last_run_at=last_run_at,
         total_run_count=count,
@@ -338,6 +349,7 @@ def _decode_written(raw: bytes | None) -> EntryState | None:
         manual=manual if type(manual) is str else None,
         early=() if early is None else _decode_early(early),
         recent=() if recent is None else decode_runs(recent),
+        source=source if type(source) is str else None,
     )
 
 
@@ -365,6 +377,7 @@ def _decode_any(raw: bytes | None) -> EntryState:
         manual=data["manual"] if isinstance(data.get("manual"), str) else None,
         early=_decode_early(data.get("early")),
         recent=decode_runs(data.get("recent")),
+        source=data["source"] if isinstance(data.get("source"), str) else None,
     )
 
 

@@ -1,0 +1,198 @@
+"""zkbeat.DatabaseScheduler at the edges of a row's identity: rows whose times come from an admin host whose
+clock is off, rows that trade names.
+
+The ledger knows a task by its name and by a clock (its last run); the database knows a row by its id, stamped
+with the admin host's clock (``date_changed``). Each test here is a case where the two disagree. Real PostgreSQL,
+ZooKeeper and Redis; the leader in this process unless the test kills one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+
+import pytest
+from kazoo.client import KazooClient
+
+from tests.support.accounting import accounting, assert_clean
+from tests.support.djangosupport import ON_THE_DATABASE, DjangoCluster, interval_task, one_off_task, periodic_task, pump
+from tests.support.helpers import Published, lead, wait_for
+from tests.support.processes import SESSION
+
+pytestmark = ON_THE_DATABASE
+
+#: How far off the admin host's clock is in the skew tests: far more than any run is apart from another here.
+SKEW = timedelta(minutes=10)
+
+
+@contextlib.contextmanager
+def admin_clock(offset: timedelta) -> Iterator[None]:
+    """Rows saved in the block are stamped by a clock ``offset`` off this host's (``date_changed``: Django's now)."""
+    from django.utils import timezone
+
+    real = timezone.now
+    timezone.now = lambda: real() + offset
+    try:
+        yield
+    finally:
+        timezone.now = real
+
+
+def slots(published: Published, name: str) -> list[str]:
+    return [slot for _, slot, _ in published.of(name)]
+
+
+def by_task(published: Published, task: str) -> list[tuple[str, str]]:
+    """(entry, slot) of every message of ``task``, in publish order."""
+    return [(h.get("zkbeat-entry"), h.get("zkbeat-slot")) for h in published.headers if h.get("task") == task]
+
+
+def test_a_one_off_created_again_on_an_admin_host_whose_clock_is_behind_runs(
+    make_scheduler, published: Published
+) -> None:
+    """A one-off ran; the operator deletes it and creates it again under the same name, on an admin host whose
+    clock is behind the beat host's: the new row runs once. Its date_changed is older than the ledger's run of
+    its namesake, which must not make the leader take that run (and disable the new row unrun)."""
+    from django_celery_beat.models import PeriodicTask
+
+    interval_task("heartbeat", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    one_off_task("launch")
+    pump(scheduler, lambda: published.count("launch") == 1 and not periodic_task("launch").enabled)
+
+    PeriodicTask.objects.filter(name="launch").delete()
+    with admin_clock(-SKEW):
+        one_off_task("launch")
+    pump(scheduler, lambda: published.count("launch") == 2, message=lambda: f"not run again: {published.rows}")
+    beats = published.count("heartbeat")
+    pump(scheduler, lambda: published.count("heartbeat") >= beats + 2 and not periodic_task("launch").enabled)
+    assert published.count("launch") == 2
+
+
+def test_a_one_off_reenabled_on_an_admin_host_whose_clock_is_behind_runs_again(
+    make_scheduler, published: Published
+) -> None:
+    """A one-off ran and was disabled; the operator enables it again from an admin host whose clock is behind:
+    it runs once more (docs/django.md), whatever that clock says."""
+    interval_task("heartbeat", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    one_off_task("launch")
+    pump(scheduler, lambda: published.count("launch") == 1 and not periodic_task("launch").enabled)
+
+    row = periodic_task("launch")
+    row.enabled = True
+    with admin_clock(-SKEW):
+        row.save()
+    pump(scheduler, lambda: published.count("launch") == 2, message=lambda: f"not run again: {published.rows}")
+    beats = published.count("heartbeat")
+    pump(scheduler, lambda: published.count("heartbeat") >= beats + 2 and not periodic_task("launch").enabled)
+    assert published.count("launch") == 2
+
+
+def test_a_one_off_saved_ahead_of_the_beat_hosts_clock_is_not_run_again_after_its_leader_dies(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-off saved on an admin host whose clock is a few seconds ahead, sent at once; its leader dies before
+    it disables the row or writes its run to it. Its successor takes over once that stamp is in the past (no
+    longer a time "in the future" it would distrust): the ledger's run is of this very row, unchanged since, so
+    it disables the row; it does not run it again because the row's date_changed is later than that run."""
+    from django.utils import timezone
+
+    from zkbeat.contrib.django import DatabaseScheduler
+    from zkbeat.ledger import clock
+
+    interval_task("heartbeat", 1)
+    first = make_scheduler(identity="first")
+    lead(first)
+    pump(first, lambda: published.count("heartbeat") >= 1)
+    monkeypatch.setattr(first, "after_leader_pass", lambda interval: interval)  # dies before it disables the row
+    at = timezone.now()
+    with admin_clock(timedelta(seconds=4)):
+        one_off_task("launch", at=at)
+    stamped = periodic_task("launch").date_changed
+    pump(first, lambda: published.count("launch") == 1)
+    sent = datetime.fromisoformat(published.of("launch")[0][1])
+    assert sent < stamped, "sent before the admin host's stamp (else this is no skew)"
+    first._dirty.clear()  # nor does it write the run to the row
+    first.close()
+    row = periodic_task("launch")
+    assert row.enabled and row.total_run_count == 0
+
+    wait_for(lambda: timezone.now() > stamped + timedelta(seconds=clock.LEDGER_TOLERANCE), timeout=15)
+    second = make_scheduler(identity="second")
+    assert isinstance(second, DatabaseScheduler)
+    lead(second, timeout=30)
+    beats = published.count("heartbeat")
+    pump(second, lambda: published.count("heartbeat") >= beats + 3 and not periodic_task("launch").enabled)
+    assert published.count("launch") == 1, published.rows
+
+
+@pytest.mark.processes
+def test_a_one_off_from_an_admin_clock_ahead_runs_once_although_its_leader_is_killed_right_after_publishing_it(
+    make_cluster: Callable[..., DjangoCluster], zk_client: KazooClient
+) -> None:
+    """A one-off saved on an admin host whose clock is ahead, its leader SIGKILLed the moment it sent it (celery
+    beat processes): the heir finds the run in the ledger and disables the row, although its date_changed is
+    later than that run; it goes out once."""
+    from django.utils import timezone
+
+    interval_task("canary", 1)
+    name = "launch"
+    cluster = make_cluster(2, extra_env={"ZKBEAT_TEST_KILL_AFTER": name}).start()
+    wait_for(lambda: len(cluster.publishes("canary")) >= 3, timeout=40, message=cluster.logs)
+    at = timezone.now()
+    with admin_clock(SKEW):
+        one_off_task(name, at=at)
+    sent = wait_for(lambda: cluster.publishes(name), timeout=20, message=cluster.logs)[0]
+    doomed = cluster.replica(sent.pid)
+    doomed.wait()
+
+    wait_for(lambda: not periodic_task(name).enabled, timeout=SESSION + 20, message=cluster.logs)
+    heir = next(r for r in cluster.replicas if r is not doomed)
+    wait_for(lambda: len([p for p in cluster.publishes("canary") if p.pid == heir.pid]) >= 3, timeout=20,
+             message=cluster.logs)  # fmt: skip
+    assert len(cluster.publishes(name)) == 1, cluster.logs()
+    assert heir.alive, "the heir would have killed itself had it published the one-off again"
+    assert_clean(accounting(cluster, zk_client, intervals={"canary": 1}, kills=[(doomed.pid, sent.at)]), cluster.logs())
+
+
+def test_two_rows_that_swap_names_keep_their_own_runs(make_scheduler, published: Published) -> None:
+    """Two rows trade names in one transaction: each goes on from its own last run, not from the run the ledger
+    holds under its new name (the other row's). The hourly row, due in a few seconds, runs then; it does not take
+    the every-second row's run of a moment ago (and wait an hour)."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    fast = interval_task("a", 1, task="jobs.cleanup_messages")
+    slow = interval_task(
+        "b", 3600, task="jobs.aggregate_analytics", last_run_at=timezone.now() - timedelta(seconds=3600 - 6)
+    )
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("a") >= 2 and "b" in scheduler.schedule)
+    assert by_task(published, "jobs.aggregate_analytics") == [], "the hourly row is not due yet"
+
+    with transaction.atomic():
+        fast.refresh_from_db()
+        slow.refresh_from_db()
+        fast.name = "swapping"
+        fast.save()
+        slow.name = "a"
+        slow.save()
+        fast.name = "b"
+        fast.save()
+    pump(
+        scheduler,
+        lambda: by_task(published, "jobs.aggregate_analytics"),
+        message=lambda: f"the hourly row did not run when due: {published.rows}",
+    )
+    assert [entry for entry, _ in by_task(published, "jobs.aggregate_analytics")] == ["a"]
+    fast_runs = by_task(published, "jobs.cleanup_messages")
+    pump(scheduler, lambda: len(by_task(published, "jobs.cleanup_messages")) >= len(fast_runs) + 2)
+    fast_runs = by_task(published, "jobs.cleanup_messages")
+    assert len(set(fast_runs)) == len(fast_runs), "a tick of the every-second row went out twice"
+    assert fast_runs[-1][0] == "b"
+    assert len(by_task(published, "jobs.aggregate_analytics")) == 1
