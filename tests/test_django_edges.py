@@ -1,5 +1,5 @@
 """zkbeat.DatabaseScheduler at the edges of a row's identity: rows whose times come from an admin host whose
-clock is off, rows that trade names.
+clock is off, rows that trade names, a paused row renamed.
 
 The ledger knows a task by its name and by a clock (its last run); the database knows a row by its id, stamped
 with the admin host's clock (``date_changed``). Each test here is a case where the two disagree. Real PostgreSQL,
@@ -9,6 +9,7 @@ ZooKeeper and Redis; the leader in this process unless the test kills one.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 
@@ -17,7 +18,7 @@ from kazoo.client import KazooClient
 
 from tests.support.accounting import accounting, assert_clean
 from tests.support.djangosupport import ON_THE_DATABASE, DjangoCluster, interval_task, one_off_task, periodic_task, pump
-from tests.support.helpers import Published, lead, wait_for
+from tests.support.helpers import LogRecords, Published, lead, wait_for
 from tests.support.processes import SESSION
 
 pytestmark = ON_THE_DATABASE
@@ -196,3 +197,39 @@ def test_two_rows_that_swap_names_keep_their_own_runs(make_scheduler, published:
     assert len(set(fast_runs)) == len(fast_runs), "a tick of the every-second row went out twice"
     assert fast_runs[-1][0] == "b"
     assert len(by_task(published, "jobs.aggregate_analytics")) == 1
+
+
+def test_a_paused_row_renamed_keeps_running_under_its_new_name_and_says_so(
+    make_scheduler, published: Published, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A pause belongs to the task's name (zkbeat.ledger.controls; docs/operating.md): a paused row renamed in
+    the admin runs under its new name, the pause stays with the old name, and the leader says so in a warning
+    that names both, so that an operator who meant to hold the row knows to pause the new name."""
+    from zkbeat.ledger.controls import pause
+    from zkbeat.ledger.store import Ledger
+
+    interval_task("heartbeat", 1)
+    held = interval_task("held", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("held") >= 1)
+    pause(zk_client, zk_root, "held", by="ops", note="migration", force=True)
+    runs = published.count("held")
+    beats = published.count("heartbeat")
+    pump(scheduler, lambda: published.count("heartbeat") >= beats + 3)
+    assert published.count("held") == runs, "published while paused"
+
+    records = LogRecords()
+    logger = logging.getLogger("zkbeat.contrib.django")
+    logger.addHandler(records)
+    try:
+        held.refresh_from_db()
+        held.name = "held-renamed"
+        held.save()
+        pump(scheduler, lambda: published.count("held-renamed") >= 1)
+    finally:
+        logger.removeHandler(records)
+    said = [r.getMessage() for r in records.records if r.levelno == logging.WARNING and "paused" in r.getMessage()]
+    assert len(said) == 1 and "'held'" in said[0] and "'held-renamed'" in said[0], said
+    assert Ledger(zk_client, zk_root).load(["held"])["held"].state.paused is not None
+    assert published.count("held") == runs

@@ -785,6 +785,13 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             state = record.state if record is not None else None
             if state is not None and (new not in runs or _newer(state.last_run_at, runs[new][0])):
                 runs[new] = (state.last_run_at, state.total_run_count)
+            if state is not None and state.paused is not None:
+                # A pause is of a name (zkbeat.ledger.controls), as `zkbeat resume NAME` finds it: it is not moved.
+                logger.warning(
+                    "zkbeat: periodic task %r, paused (by %s: %s), is now named %r: the pause stays with the name "
+                    "%r and %r runs; pause %r to hold it",
+                    old, state.paused.by, state.paused.note or "no note", new, old, new, new,
+                )  # fmt: skip
         return runs
 
     def _carry_run(self, entry: ModelEntry, last_run_at: datetime, total_run_count: int) -> None:
