@@ -1,5 +1,5 @@
-"""zkbeat.DatabaseScheduler at the edges of a row's identity: rows whose times come from an admin host whose
-clock is off, rows that trade names, a paused row renamed.
+"""zkbeat.DatabaseScheduler at the edges of a row's identity: an edit the leader sees only half of, rows whose
+times come from an admin host whose clock is off, rows that trade names, a paused row renamed.
 
 The ledger knows a task by its name and by a clock (its last run); the database knows a row by its id, stamped
 with the admin host's clock (``date_changed``). Each test here is a case where the two disagree. Real PostgreSQL,
@@ -47,6 +47,42 @@ def slots(published: Published, name: str) -> list[str]:
 def by_task(published: Published, task: str) -> list[tuple[str, str]]:
     """(entry, slot) of every message of ``task``, in publish order."""
     return [(h.get("zkbeat-entry"), h.get("zkbeat-slot")) for h in published.headers if h.get("task") == task]
+
+
+def test_a_row_disabled_and_enabled_again_between_two_reads_goes_on_from_then(
+    make_scheduler, published: Published
+) -> None:
+    """Disabled and enabled again in the admin (save() both times) between two of the leader's reads: it never
+    sees the row disabled, only a changed row without a last run. It goes on from when it was enabled, as after a
+    disable it saw (tests/test_django_row_identity.py): the ticks that fell before are not caught up, nothing is
+    published twice, and it runs again."""
+    from django.utils import timezone
+
+    interval_task("heartbeat", 1)
+    report = interval_task("report", 2)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    pump(scheduler, lambda: published.count("report") >= 2)
+    scheduler.sync()
+    report.refresh_from_db()
+    assert report.total_run_count >= 1
+    runs = published.count("report")
+    last = datetime.fromisoformat(slots(published, "report")[-1])
+    # The leader reads the tables only in its passes: none runs while two of report's ticks fall due.
+    wait_for(lambda: timezone.now() > last + timedelta(seconds=5), timeout=15)
+
+    report.enabled = False
+    report.save()  # clears last_run_at, keeps the count
+    report.enabled = True
+    report.save()
+    enabled_at = periodic_task("report").date_changed
+    assert periodic_task("report").last_run_at is None
+
+    pump(scheduler, lambda: published.count("report") >= runs + 2)
+    after = [datetime.fromisoformat(slot) for slot in slots(published, "report")[runs:]]
+    assert after[0] > enabled_at, f"caught up a slot from before it was enabled again: {after[0]} <= {enabled_at}"
+    assert len(set(slots(published, "report"))) == published.count("report"), "a slot of report went out twice"
+    assert published.count("heartbeat") >= 3
 
 
 def test_a_one_off_created_again_on_an_admin_host_whose_clock_is_behind_runs(
