@@ -269,3 +269,55 @@ def test_a_paused_row_renamed_keeps_running_under_its_new_name_and_says_so(
     assert len(said) == 1 and "'held'" in said[0] and "'held-renamed'" in said[0], said
     assert Ledger(zk_client, zk_root).load(["held"])["held"].state.paused is not None
     assert published.count("held") == runs
+
+
+@contextlib.contextmanager
+def refused_updates(name: str) -> Iterator[None]:
+    """The database refuses every UPDATE of row ``name`` (a CHECK added NOT VALID that the row breaks)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE django_celery_beat_periodictask ADD CONSTRAINT zkbeat_test_refused "
+            "CHECK (name <> %s) NOT VALID",
+            [name],
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE django_celery_beat_periodictask DROP CONSTRAINT zkbeat_test_refused")
+
+
+def test_a_row_the_database_refuses_to_update_leaves_every_other_rows_run_times_written(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One row the database will not update (a constraint added NOT VALID that it breaks, a trigger): the other
+    rows' run times are still written at each sync, not refused with it in one statement on every sync; the
+    refused row is named once in the log."""
+    from tests.support.djangosupport import run_times
+
+    interval_task("good", 1)
+    interval_task("also-good", 1)
+    interval_task("refused", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    with refused_updates("refused"):
+        pump(scheduler, lambda: {"good", "also-good", "refused"} <= scheduler._dirty)
+        scheduler.sync()
+        for name in ("good", "also-good"):
+            last_run_at, count = run_times(name)
+            assert last_run_at is not None and count >= 1, f"{name}'s run times were not written"
+        assert run_times("refused") == (None, 0)
+        assert {"good", "also-good"}.isdisjoint(scheduler._dirty)
+        written = run_times("good")
+        pump(scheduler, lambda: {"good", "refused"} <= scheduler._dirty)
+        scheduler.sync()  # again: the refused row alone, the others together
+        assert run_times("good") > written
+        assert run_times("refused") == (None, 0)
+    said = [r for r in caplog.records if r.levelno >= logging.ERROR and "'refused'" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    pump(scheduler, lambda: "refused" in scheduler._dirty)  # its next run
+    scheduler.sync()  # the row is writable again: its run times are written, and it is no longer set apart
+    assert run_times("refused")[1] >= 1
+    assert not scheduler._refused_rows

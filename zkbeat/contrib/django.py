@@ -65,7 +65,7 @@ from typing import Any
 from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, connections, router, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils.timezone import now as django_now
 from django_celery_beat import schedulers
@@ -302,6 +302,8 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         #: The schedule last read, set aside at a takeover under another candidate until a read succeeds.
         self._aside: dict[str, ModelEntry] | None = None
         self._one_offs_run: set[str] = set()  # one-off tasks published this pass
+        #: Rows (ids) the database refused to update (:meth:`sync`): written one at a time, apart from the rest.
+        self._refused_rows: set[int] = set()
         self._ties = itertools.count()  # heap priorities (zkbeat.contrib._heap)
         self._complaints = _rows.Complaints(logger)  # bad rows, each logged once
         self._table = TaskTable(self.Model, wanted=self.entry_filter)
@@ -944,12 +946,47 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         if not names:
             return
         close_old_connections()
+        refused = self._refused_rows
         try:
-            write_run_times(self.Model, runs)
+            write_run_times(self.Model, [run for run in runs if run[0] not in refused])
         except DatabaseError as exc:
-            logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
+            if _unreachable(exc):
+                logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
+                return
+            # One row the database refuses (a constraint it breaks, a trigger) fails the statement of every row
+            # with it: each is written alone, once, to tell which.
+            alone = runs
+        else:
+            alone = [run for run in runs if run[0] in refused]
+        if alone and not self._write_alone(alone, names):
             return
         self._dirty.difference_update(names)
+
+    def _write_alone(self, runs: list[tuple[int, datetime, int]], names: set[str]) -> bool:
+        """Write these rows' run times one statement each; a row refused is named once and left for later syncs.
+
+        False if the database cannot be reached (nothing more tried: retried at the next sync).
+        """
+        schedule = self.schedule
+        named = {schedule[name].model.pk: name for name in names if name in schedule}
+        for run in runs:
+            pk = run[0]
+            try:
+                write_run_times(self.Model, [run])
+            except DatabaseError as exc:
+                if _unreachable(exc):
+                    logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
+                    return False
+                if pk not in self._refused_rows:
+                    self._refused_rows.add(pk)
+                    logger.error(
+                        "zkbeat: the database refuses to write the run times of periodic task %r (#%s): %s; the "
+                        "other rows' are written without it (the ledger holds its runs)",
+                        named.get(pk, "?"), pk, exc.reason if isinstance(exc, RunTimesNotWritten) else exc,
+                    )  # fmt: skip
+            else:
+                self._refused_rows.discard(pk)
+        return True
 
     def sync_at_close(self) -> Callable[[], None] | None:
         """At exit: take what :meth:`sync` would write now, and write it once the successor is free to lead.
@@ -962,6 +999,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         """
         names, runs = self._runs_to_write()
         self._dirty.difference_update(names)  # taken: not "dropped" when the terms end in the handover
+        runs = [run for run in runs if run[0] not in self._refused_rows]  # would fail its chunk, and those after
         if not runs:
             return None
         return functools.partial(self._write_after_handover, runs)
@@ -1060,6 +1098,12 @@ def copy_row(model: PeriodicTask) -> PeriodicTask:
     clone = model.__class__.__new__(model.__class__)
     clone.__dict__.update(model.__getstate__())
     return clone
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether a failed write is the database's or the connection's (down, timed out), not one row's refusal."""
+    cause = exc.cause if isinstance(exc, RunTimesNotWritten) else exc
+    return isinstance(cause, (OperationalError, InterfaceError))
 
 
 def _newer(moment: datetime, than: datetime) -> bool:
