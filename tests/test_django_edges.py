@@ -321,3 +321,27 @@ def test_a_row_the_database_refuses_to_update_leaves_every_other_rows_run_times_
     scheduler.sync()  # the row is writable again: its run times are written, and it is no longer set apart
     assert run_times("refused")[1] >= 1
     assert not scheduler._refused_rows
+
+
+def test_a_row_with_an_empty_name_is_left_out_and_the_rest_run(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row named "" (raw SQL: the admin requires a name) cannot have a ledger entry: it is logged once and left
+    out, and every other row runs, on the leader and on the next one."""
+    from django.db import connection
+
+    interval_task("good", 1)
+    nameless = interval_task("nameless", 1)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE django_celery_beat_periodictask SET name = '' WHERE id = %s", [nameless.pk])
+    first = make_scheduler(identity="first")
+    lead(first)
+    pump(first, lambda: published.count("good") >= 3)
+    first.close()
+    second = make_scheduler(identity="second")
+    lead(second, timeout=30)
+    beats = published.count("good")
+    pump(second, lambda: published.count("good") >= beats + 3)
+    assert published.count("") == 0
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "''" in r.getMessage()]
+    assert 1 <= len(said) <= 2, caplog.text  # once per leader
