@@ -188,12 +188,14 @@ class HeapPass:
 
         The delays were worked out when the pass looked at the heap; counted
         from the end of a batch that took seconds to send, each entry would
-        come due that much late, and later again every round.
+        come due that much late, and later again every round. A host's own
+        ``_when`` (a subclass's: its heap may count on a clock of its own)
+        places every entry, as in :meth:`_when_safe` and :meth:`heap_time`.
         """
         heap = self._heap
         if heap is None:
             return  # rebuilt from the schedule at the next pass
-        clock = self.pass_clock
+        clock = None if type(self)._when is not beat.Scheduler._when else self.pass_clock
         for item in requeue:
             delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
             if delay != delay:  # NaN (a custom schedule's next look): no time is past it, the entry would sink
@@ -207,12 +209,12 @@ class HeapPass:
                 # clock read per entry: 10,000 rows' clock each pass); otherwise the entry's clock is read
                 # now, less the time since, counted up to that very read (each entry's own clock is read
                 # in turn: counted to the start of this put-back, the later ones would be placed late).
-                when = clock.when_from(item.entry, self.adjust(delay), item.asked)
+                when = None if clock is None else clock.when_from(item.entry, self.adjust(delay), item.asked)
                 if when is None:
                     when = self._when_real(item.entry, delay)
                     when -= max(0.0, time.monotonic() - item.asked)
             else:
-                when = clock.when(item.entry, self.adjust(delay)) if since is not None else None
+                when = None if clock is None or since is None else clock.when(item.entry, self.adjust(delay))
                 if when is None:  # the entry's own clock, read now: less the time since the pass looked
                     when = self._when_safe(item.entry, delay)
                     when -= 0.0 if since is None else max(0.0, time.monotonic() - since)
