@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from celery import schedules
@@ -28,6 +29,20 @@ class MonotonicHeap(Scheduler):
 
     def _when(self, entry, next_time_to_run, mktime=None):
         return time.monotonic() + (self.adjust(next_time_to_run) or 0)
+
+
+class DecimalHeap(Scheduler):
+    """A host whose heap times are Decimals (Celery's own, exactly)."""
+
+    def _when(self, entry, next_time_to_run, mktime=None):
+        return Decimal(str(super()._when(entry, next_time_to_run)))
+
+
+class NaNHeap(Scheduler):
+    """A host whose ``_when`` answers NaN (a heap time no time is past)."""
+
+    def _when(self, entry, next_time_to_run, mktime=None):
+        return float("nan")
 
 
 class RaisingWhen(Scheduler):
@@ -66,6 +81,28 @@ def test_entries_put_back_on_a_heap_of_the_host_s_own_time_base_run_again(make_s
     scheduler = make_scheduler(entries())
     lead_until_published(scheduler, published, ["plain", "own"], times=3, timeout=20)
     assert all(event.time < time.monotonic() + 60 for event in scheduler._heap), "placed by the host's _when"
+
+
+@pytest.mark.beat_scheduler("tests.test_host_when:DecimalHeap")
+def test_a_host_whose_heap_times_are_not_floats_keeps_running(make_scheduler, published: Published) -> None:
+    """Heap times the host gives as Decimals, beside the pass's own floats: a Decimal less a float raised in every
+    pass, and the leader stepped down (every replica, in turn)."""
+    ASKED.clear()
+    scheduler = make_scheduler(entries())
+    lead_until_published(scheduler, published, ["plain", "own"], times=3, timeout=20)
+
+
+@pytest.mark.beat_scheduler("tests.test_host_when:NaNHeap")
+def test_a_host_whose_heap_times_are_nan_does_not_spin(make_scheduler, published: Published) -> None:
+    """Its entries are placed at now plus their wait, as when the entry's own clock fails. On NaN, every entry
+    looked due to the heap in every pass (asked, and put back), and each pass said to wait 0: beat's loop spun."""
+    scheduler = make_scheduler({"hourly": every(3600)}, beat_max_loop_interval=30)
+    scheduler.wait_in_tick = False  # each tick returns the seconds beat's loop would sleep
+    lead(scheduler)
+    scheduler.tick()  # the term begins and the heap is built
+    waits = [scheduler.tick() for _ in range(5)]
+    assert all(wait > 1 for wait in waits), f"the leader's passes returned {waits}: beat's loop spins"
+    assert published.headers == []
 
 
 @pytest.mark.beat_scheduler("tests.test_host_when:RaisingWhen")

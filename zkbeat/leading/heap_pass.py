@@ -315,7 +315,7 @@ class HeapPass:
     def _when_real(self, entry: beat.ScheduleEntry, delay: float) -> float:
         """Celery's ``_when`` on the entry's own clock, read now (not the pass's reading)."""
         try:
-            return self._when(entry, delay) or 0
+            return _heap_float(self._when(entry, delay))
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) or its wait failed
             return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
 
@@ -323,9 +323,22 @@ class HeapPass:
         """Celery's ``_when`` (the heap's timestamp); now plus the delay if the entry cannot say."""
         try:
             when = self.pass_clock.when(entry, self.adjust(delay)) if type(self)._when is beat.Scheduler._when else None
-            return (self._when(entry, delay) or 0) if when is None else when
+            return _heap_float(self._when(entry, delay)) if when is None else when
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) failed
             return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+
+
+def _heap_float(when: Any) -> float:
+    """A ``_when`` answer as a heap time: a float (None is 0, as Celery takes it); raises for one that is no time.
+
+    A host's own ``_when`` may answer a Decimal, or NaN: beside the pass's
+    floats on one heap, the one raised at every subtraction, the other sank
+    below every entry (no time is past NaN).
+    """
+    when = float(when or 0)
+    if when != when:
+        raise ValueError("a heap time that is NaN")
+    return when
 
 
 def _time_left(seconds: Any) -> bool:
