@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from celery import beat
-from celery.schedules import schedule
+from celery.schedules import schedstate, schedule
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kombu.exceptions import OperationalError
@@ -28,6 +28,34 @@ class RaisingSchedule(schedule):
 
 def raising() -> dict:
     return {"task": "zkbeat.test", "schedule": RaisingSchedule(timedelta(seconds=1))}
+
+
+class Ambiguous:
+    """An answer whose truth cannot be told, as numpy's array of several booleans answers."""
+
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array with more than one element is ambiguous")
+
+
+class NotABool:
+    """An answer whose ``__bool__`` answers no bool (Python raises TypeError at its truth test)."""
+
+    def __bool__(self):
+        return "yes"
+
+
+class OddAnswer(schedule):
+    """A schedule whose ``is_due`` answers ``is_due`` with an object of ``kind``: no exception in is_due itself."""
+
+    def __init__(self, kind: type) -> None:
+        super().__init__(timedelta(seconds=0.2))
+        self.kind = kind
+
+    def is_due(self, last_run_at: datetime):
+        return schedstate(self.kind(), 0.2)
+
+    def __reduce__(self):
+        return (self.__class__, (self.kind,))
 
 
 def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -50,6 +78,24 @@ def test_an_entry_whose_schedule_raises_is_left_out_without_celery_5_7(
         tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
     assert "broken" not in published.entries()
     assert len(messages(caplog, "leaving out 'broken'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+@pytest.mark.parametrize("kind", [Ambiguous, NotABool], ids=["ambiguous", "not-a-bool"])
+def test_an_entry_whose_is_due_answer_has_no_truth_value_is_left_out(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, kind: type
+) -> None:
+    """An is_due answer whose truth test raises is the schedule's error, as if is_due raised: the entry is logged
+    once and left out, and the rest runs. It raised out of the leader's pass (the heap's build, in every pass): the
+    leader stepped down, every replica in turn, and nothing ran."""
+    scheduler = make_scheduler({"odd": {"task": "zkbeat.test", "schedule": OddAnswer(kind)}, "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "odd" not in published.entries()
+    assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
     assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
     assert not messages(caplog, "unexpected error")
 

@@ -221,8 +221,8 @@ class HeapPass:
             heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
 
     def ask(self, entry: beat.ScheduleEntry) -> Answer:
-        """``entry.is_due()``, and whether its own clock answered; an entry whose schedule raises is logged once and
-        left out.
+        """``entry.is_due()``, and whether its own clock answered; an entry whose schedule raises (or answers a due
+        that is no truth value) is logged once and left out.
 
         It is asked again every ``max_interval`` (a fixed row or a clock that
         moved on may cure it), and logged again only when its error changes.
@@ -246,6 +246,9 @@ class HeapPass:
                 finally:
                     self._from_reading = None
             is_due, next_time = answer
+            # Its truth test is the schedule's too: an answer that cannot say (numpy's array of several, a
+            # __bool__ that raises) would raise below, out of the pass, and in every pass after.
+            is_due = bool(is_due)
         except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
             self.leave_out(entry, exc, "schedule")
             return Answer(False, self.max_interval, own_clock)
