@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from celery import beat
@@ -17,6 +18,7 @@ from kombu.exceptions import OperationalError
 from tests.support.helpers import Published, every, intercept_claims, lead, stop_intercepting, wait_for
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
+from zkbeat.ledger import controls
 
 
 class RaisingSchedule(schedule):
@@ -58,6 +60,20 @@ class OddAnswer(schedule):
         return (self.__class__, (self.kind,))
 
 
+class Answering(schedule):
+    """A schedule that answers ``schedstate(is_due, wait)`` as given: Celery's own never answer such waits."""
+
+    def __init__(self, is_due: bool, wait: object) -> None:
+        super().__init__(timedelta(seconds=0.2))
+        self.answer = schedstate(is_due, wait)
+
+    def is_due(self, last_run_at: datetime):
+        return self.answer
+
+    def __reduce__(self):
+        return (self.__class__, tuple(self.answer))
+
+
 def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
@@ -96,6 +112,43 @@ def test_an_entry_whose_is_due_answer_has_no_truth_value_is_left_out(
         tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
     assert "odd" not in published.entries()
     assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+@pytest.mark.parametrize("is_due", [False, True], ids=["not-due", "due"])
+def test_an_answer_whose_wait_is_past_any_float_leaves_the_other_entries_alone(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, is_due: bool
+) -> None:
+    """A wait of 10**400 seconds (an int no float holds): placing the entry on beat's heap raised out of the
+    leader's pass (at the heap's build, or after the entry's run), in every pass. It is a wait that is no number:
+    the entry is asked again after beat's max interval (and, due, runs again)."""
+    entries = {"odd": {"task": "zkbeat.test", "schedule": Answering(is_due, 10**400)}, "tidy": every(0.2)}
+    scheduler = make_scheduler(entries)
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    odd = 2 if is_due else 0
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 3 and published.count("odd") >= odd)
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+@pytest.mark.parametrize("wait", [None, Decimal("NaN")], ids=["none", "decimal-nan"])
+def test_a_paused_entry_whose_due_answer_has_a_next_wait_that_is_no_float_leaves_the_term_alone(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, wait: object
+) -> None:
+    """A paused entry's due tick is checked again within beat's max interval (the lesser of its wait and that):
+    a wait that is no number (None, a Decimal NaN, which refuses ``<``) raised there, in every pass (the leader
+    stepped down, every replica in turn). Such a wait is beat's max interval."""
+    entries = {"odd": {"task": "zkbeat.test", "schedule": Answering(True, wait)}, "tidy": every(0.2)}
+    scheduler = make_scheduler(entries)
+    controls.pause(scheduler.ledger.client, scheduler.zk_settings.root, "odd", "ops", scheduled=True, force=True)
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5 and "odd is paused" in caplog.text)
+    assert "odd" not in published.entries()
     assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
     assert not messages(caplog, "unexpected error")
 

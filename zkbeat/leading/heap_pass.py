@@ -197,7 +197,7 @@ class HeapPass:
             return  # rebuilt from the schedule at the next pass
         clock = None if type(self)._when is not beat.Scheduler._when else self.pass_clock
         for item in requeue:
-            delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
+            delay = _wait(item.delay, self.max_interval)
             if delay != delay:  # NaN (a custom schedule's next look): no time is past it, the entry would sink
                 delay = self.max_interval
             if item.asked is not None:
@@ -230,7 +230,9 @@ class HeapPass:
         no time left (0, less, NaN: a custom schedule's answer) is asked again
         after RETRY_DELAY, not at once in every pass. Before Celery
         5.5 a crontab's wait ends at its slot, not an hour past it across the
-        spring-forward jump (ticks.delay_to_slot).
+        spring-forward jump (ticks.delay_to_slot). A wait that is no number a
+        float holds (None, a Decimal, 10**400) is beat's max interval: the
+        term and the heap count only in floats.
         """
         own_clock = True
         try:
@@ -259,7 +261,7 @@ class HeapPass:
             # Not due with no time left (a custom schedule's 0, less, NaN): placed at once, it would be popped and
             # asked in every pass, each returning 0 (beat's loop spinning). Asked again after RETRY_DELAY instead.
             return Answer(False, min(RETRY_DELAY, self.max_interval), own_clock)
-        return Answer(is_due, delay_to_slot(entry, is_due, next_time), own_clock)
+        return Answer(is_due, delay_to_slot(entry, is_due, _wait(next_time, self.max_interval)), own_clock)
 
     def answered_from_reading(self, entry: beat.ScheduleEntry) -> None:
         """The host's ``is_due`` answers ``entry`` from the pass's reading, not its own clock (see :meth:`ask`)."""
@@ -320,7 +322,7 @@ class HeapPass:
         try:
             return _heap_float(self._when(entry, delay))
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) or its wait failed
-            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+            return time.time() + _wait(delay, self.max_interval)
 
     def _when_safe(self, entry: beat.ScheduleEntry, delay: float) -> float:
         """Celery's ``_when`` (the heap's timestamp); now plus the delay if the entry cannot say."""
@@ -328,7 +330,7 @@ class HeapPass:
             when = self.pass_clock.when(entry, self.adjust(delay)) if type(self)._when is beat.Scheduler._when else None
             return _heap_float(self._when(entry, delay)) if when is None else when
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) failed
-            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+            return time.time() + _wait(delay, self.max_interval)
 
 
 def _heap_float(when: Any) -> float:
@@ -342,6 +344,20 @@ def _heap_float(when: Any) -> float:
     if when != when:
         raise ValueError("a heap time that is NaN")
     return when
+
+
+def _wait(seconds: Any, default: float) -> float:
+    """A wait in seconds as a float: an int or a float (NaN too: its callers place it); anything else ``default``.
+
+    None, a Decimal (whose NaN refuses ``<``), an int past any float
+    (10**400, which the heap's arithmetic refuses): no wait to count.
+    """
+    if isinstance(seconds, (int, float)):
+        try:
+            return float(seconds)
+        except OverflowError:
+            pass
+    return default
 
 
 def _time_left(seconds: Any) -> bool:
