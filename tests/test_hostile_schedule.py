@@ -153,6 +153,23 @@ def test_a_paused_entry_whose_due_answer_has_a_next_wait_that_is_no_float_leaves
     assert not messages(caplog, "unexpected error")
 
 
+def test_an_entry_whose_options_are_no_mapping_is_left_out(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Options that are a list, not a mapping: the pass's look for the entry's jitter raised out of the pass, in
+    every pass (the leader stepped down, every replica in turn, and nothing ran). The entry is logged once and left
+    out where its tick is planned, and the rest runs."""
+    scheduler = make_scheduler({"odd": every(0.2, options=["queue", "x"]), "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "odd" not in published.entries()
+    assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
 def test_a_task_routed_to_a_missing_queue_is_dropped_not_taken_for_an_outage(
     make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -174,7 +174,10 @@ class HeapPass:
             heapq.heappop(heap)
             is_due, next_time, own_clock = self.ask(entry)
             asked = monotonic() if own_clock else None  # see _push
-            wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
+            try:
+                wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
+            except Exception:  # noqa: BLE001 - options it cannot read (a list): the term's plan logs it and leaves it out
+                wait = 0.0
             if wait > 0:
                 later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
             elif is_due:
