@@ -74,6 +74,20 @@ class Answering(schedule):
         return (self.__class__, tuple(self.answer))
 
 
+class Unprintable:
+    """An object whose repr raises (a half-built model row, a broken ``__repr__``)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr (test)")
+
+
+class RaisingUnprintable(schedule):
+    """A schedule whose is_due raises an error that holds an :class:`Unprintable`: the error's repr raises too."""
+
+    def is_due(self, last_run_at: datetime):
+        raise ValueError(Unprintable())
+
+
 def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
@@ -166,6 +180,24 @@ def test_an_entry_whose_options_are_no_mapping_is_left_out(
         tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
     assert "odd" not in published.entries()
     assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+def test_an_entry_whose_schedule_raises_an_error_that_cannot_be_printed_is_left_out(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error's repr raised while the entry was being logged and left out, out of the leader's pass, in every
+    pass (the leader stepped down, every replica in turn). It is logged by its class, once, and the rest runs."""
+    broken = {"task": "zkbeat.test", "schedule": RaisingUnprintable(timedelta(seconds=0.2))}
+    scheduler = make_scheduler({"broken": broken, "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "broken" not in published.entries()
+    left_out = messages(caplog, "leaving out 'broken'")
+    assert len(left_out) == 1 and "ValueError" in left_out[0], left_out
     assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
     assert not messages(caplog, "unexpected error")
 

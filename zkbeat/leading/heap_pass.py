@@ -274,9 +274,13 @@ class HeapPass:
         """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
 
         Its schedule raised, its clock raised, or its name cannot be a znode.
-        It is tried again every ``max_interval``.
+        It is tried again every ``max_interval``. An error whose repr raises
+        too (it holds an object that cannot print) is named by its class.
         """
-        text = repr(exc)
+        try:
+            text = repr(exc)
+        except Exception:  # noqa: BLE001 - raised here, it would end the pass that is leaving the entry out
+            text = f"{type(exc).__name__} (its repr raised)"
         if self._broken.get((entry.name, what)) == text:
             return
         self._broken[(entry.name, what)] = text
