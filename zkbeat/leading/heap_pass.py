@@ -233,9 +233,9 @@ class HeapPass:
         no time left (0, less, NaN: a custom schedule's answer) is asked again
         after RETRY_DELAY, not at once in every pass. Before Celery
         5.5 a crontab's wait ends at its slot, not an hour past it across the
-        spring-forward jump (ticks.delay_to_slot). A wait that is no number a
-        float holds (None, a Decimal, 10**400) is beat's max interval: the
-        term and the heap count only in floats.
+        spring-forward jump (ticks.delay_to_slot). A wait that is no int or
+        float, or past any float (None, a Decimal, 10**400), is beat's max
+        interval: the term and the heap count only in floats.
         """
         own_clock = True
         try:
