@@ -57,6 +57,15 @@ before it stepped back), and its schedule not load at the first try, it
 steps aside at once if a ready replica stands behind it in that line
 (:func:`ready_successor`), instead of after ``zkbeat_stall_timeout``; with
 none ready behind it, it is the best there is and keeps trying.
+
+A replica that handed a shard over because it cannot reach the broker
+(zkbeat.coordination.broker_handover) marks itself the same way, until a
+probe of the broker on a connection of its own gets through: it stays in
+every line, and the broker handover brought it behind the replica that
+took the shard, so without the mark that replica, now above its share,
+would hand it a shard back within seconds, and it would hand that one
+back after ``zkbeat_broker_handover_timeout``, again and again, each time
+leaving the shard unpublished for the timeout.
 """
 
 from __future__ import annotations
@@ -105,6 +114,8 @@ __all__ = [
     "ready_successor",
     "FairShare",
     "REPLICA_KEY",
+    "SCHEDULE",
+    "BROKER",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,6 +135,10 @@ FAILED_TARGET_TIME = 300.0
 #: reason is a short fixed text; the cut guards the write (a reason past ZooKeeper's jute.maxbuffer, 1 MiB by
 #: default, would make the server drop the connection at every write) and `zkbeat status` against a long one.
 MAX_WHY = 300
+#: Causes of an unready mark (:meth:`FairShare.mark_unready`): the host's schedule did not load as leader, or
+#: this replica handed a shard over because it cannot reach the broker (zkbeat.coordination.broker_handover).
+SCHEDULE = "schedule"
+BROKER = "broker"
 #: What a replica id is (uuid4 hex): a child of the unready listing named otherwise is a stranger's, ignored.
 _REPLICA_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -339,8 +354,8 @@ class FairShare:
         self._unready_path = unready
         #: The replicas marked unready there, as last read.
         self._unready: frozenset[str] = frozenset()
-        #: Why this replica cannot lead now (its mark's reason), None while it can.
-        self.unready_why: str | None = None
+        #: Why this replica cannot lead now, by cause (SCHEDULE, BROKER): marked while any holds.
+        self._whys: dict[str, str] = {}
         self._unreadable_said = False
         self._denied_said = False
         self._refused_said = False
@@ -423,14 +438,29 @@ class FairShare:
         others = self._unready - {self.me}
         return others | {self.me} if self.unready_why is not None else others
 
-    def mark_unready(self, why: str) -> None:
-        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it); ``why`` cut to MAX_WHY."""
-        self.unready_why = cap_why(why)
+    @property
+    def unready_why(self) -> str | None:
+        """Why this replica cannot lead now (its mark's reason: the first cause's), None while it can."""
+        return next(iter(self._whys.values()), None)
 
-    def mark_ready(self) -> None:
-        """Say that this replica can lead again (:meth:`keep_mark` deletes the mark)."""
-        self.unready_why = None
-        self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+    def unready_for(self, cause: str) -> bool:
+        """Whether this replica is marked unready for ``cause`` (SCHEDULE, BROKER)."""
+        return cause in self._whys
+
+    def mark_unready(self, why: str, cause: str = SCHEDULE) -> None:
+        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it); ``why`` cut to MAX_WHY.
+
+        Each ``cause`` is cleared on its own (:meth:`mark_ready`): a schedule
+        that loads says nothing about the broker, nor a broker that answers
+        about the schedule.
+        """
+        self._whys = {**self._whys, cause: cap_why(why)}  # rebound, not changed: other threads may be reading it
+
+    def mark_ready(self, cause: str = SCHEDULE) -> None:
+        """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it."""
+        self._whys = {key: why for key, why in self._whys.items() if key != cause}
+        if not self._whys:
+            self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
 
     def keep_mark(self) -> None:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.

@@ -88,6 +88,8 @@ class Replica:
 
     #: Monotonic time close() began to leave (under its hold of shutdown signals), None before.
     _leaving_since: float | None = None
+    #: A shard's broker handover gave its leadership away since beat's loop last looked (set on its thread).
+    _cut_from_broker = False
 
     def _warn_unknown_settings(self) -> None:
         """Name each ``zkbeat_*`` key zkbeat does not read, with the closest one it does: a typo is never silent."""
@@ -195,7 +197,7 @@ class Replica:
                 self._probe_broker,
                 settings.broker_handover_timeout,
                 settings.identity,
-                on_handed_over=self.metrics.broker_handover,
+                on_handed_over=self._handed_over_for_the_broker,
             ).start()
             self.election.add_predecessor_listener(self.broker_handover.follow)
 
@@ -218,6 +220,15 @@ class Replica:
             return None
         logger.info("zkbeat: liveness socket on %s:%s", beacon.host, beacon.port)
         return beacon
+
+    def _handed_over_for_the_broker(self) -> None:
+        """A shard's broker handover gave its leadership away (on its thread): counted, and a flag for beat's loop.
+
+        Beat's loop marks this replica unready (zkbeat.leading.sharded), so that no replica hands it a
+        shard while it cannot reach the broker.
+        """
+        self.metrics.broker_handover()
+        self._cut_from_broker = True
 
     def _probe_broker(self) -> Exception | None:
         """Whether this replica reaches the broker now, on a connection of its own (broker_handover)."""
