@@ -17,6 +17,7 @@ from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer
 from tests.test_shards import lead_every_shard
 from tests.test_shards_review import Loop, count_terms
+from zkbeat.coordination.shards import BROKER, SCHEDULE, FairShare
 
 
 @pytest.fixture
@@ -78,3 +79,18 @@ def test_a_replica_that_handed_a_shard_over_for_the_broker_is_not_handed_one_aga
             timeout=60,
             message=lambda: f"the replica whose broker is back never got its share: lines {good._fair_share._lines}",
         )
+
+
+def test_each_cause_of_an_unready_mark_is_cleared_on_its_own() -> None:
+    """A schedule that loads says nothing about the broker, nor a broker that answers about the schedule: the
+    mark stays while either cause holds, and its reason is the first cause's."""
+    fair_share = FairShare(None, ["/r/v1/shards/2/0/election", "/r/v1/shards/2/1/election"], "a" * 32)  # type: ignore[arg-type]
+    fair_share.mark_unready("cannot reach the broker", BROKER)
+    fair_share.mark_unready("its schedule did not load", SCHEDULE)
+    fair_share.mark_ready(SCHEDULE)
+    assert fair_share.unready_why == "cannot reach the broker" and fair_share.unready_for(BROKER)
+    fair_share.mark_unready("its schedule did not load", SCHEDULE)
+    fair_share.mark_ready(BROKER)
+    assert fair_share.unready_why == "its schedule did not load" and not fair_share.unready_for(BROKER)
+    fair_share.mark_ready()
+    assert fair_share.unready_why is None

@@ -327,6 +327,10 @@ class FairShare:
 
     Not thread-safe: one caller (beat's main thread); the watches (kazoo's
     thread) only set a flag and call ``on_change`` (which wakes beat's loop).
+    The one exception: a broker handover's thread may mark this replica
+    unready and write the mark (:meth:`mark_unready`, :meth:`keep_mark`),
+    which only rebinds the reasons, sets a flag, and makes or finds the
+    mark's znode, the same whichever thread writes it first.
     :meth:`decide` reads ZooKeeper only after a watch fired, and answers a
     move only once the lines stood still for SETTLE_TIME and SETTLE_TIME has
     passed since its last move; :meth:`next_look` says when to ask again.

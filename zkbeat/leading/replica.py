@@ -30,11 +30,12 @@ from ..coordination.broker_handover import BrokerHandover
 from ..coordination.election import LeaderElection, events
 from ..coordination.liveness import Beacon, Watcher, default_host
 from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
-from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path, unready_path
+from ..coordination.shards import BROKER, REPLICA_KEY, FairShare, election_path, handover_path, unready_path
 from ..exceptions import ConfigurationError
 from ..ledger.store import Ledger
 from .broker import load_transport
 from .broker import probe as probe_broker
+from .leadership import ZOOKEEPER_ERRORS
 from .term import SIGNAL_HOLD_LIMIT
 from .wakeup import Wakeup
 from .watchdog import Watchdog
@@ -88,8 +89,6 @@ class Replica:
 
     #: Monotonic time close() began to leave (under its hold of shutdown signals), None before.
     _leaving_since: float | None = None
-    #: A shard's broker handover gave its leadership away since beat's loop last looked (set on its thread).
-    _cut_from_broker = False
 
     def _warn_unknown_settings(self) -> None:
         """Name each ``zkbeat_*`` key zkbeat does not read, with the closest one it does: a typo is never silent."""
@@ -222,13 +221,22 @@ class Replica:
         return beacon
 
     def _handed_over_for_the_broker(self) -> None:
-        """A shard's broker handover gave its leadership away (on its thread): counted, and a flag for beat's loop.
+        """A shard's broker handover gave its leadership away (on that handover's thread): counted, and with
+        shards this replica marked unready until the broker answers its probe (zkbeat.leading.sharded).
 
-        Beat's loop marks this replica unready (zkbeat.leading.sharded), so that no replica hands it a
-        shard while it cannot reach the broker.
+        The mark is written here, at once: written by beat's loop, it could come after a pass that waits
+        for the broker in each shard still led here, and the replica that took the shard, now above its
+        share, hands one back once the lines stood still for SETTLE_TIME.
         """
         self.metrics.broker_handover()
-        self._cut_from_broker = True
+        fair_share = self._fair_share
+        if fair_share is None:
+            return
+        fair_share.mark_unready("it cannot reach the broker (it handed a shard over for that)", BROKER)
+        try:
+            fair_share.keep_mark()
+        except ZOOKEEPER_ERRORS as exc:  # beat's loop writes it at its next pass
+            logger.debug("zkbeat: could not write this replica's unready mark: %r", exc)
 
     def _probe_broker(self) -> Exception | None:
         """Whether this replica reaches the broker now, on a connection of its own (broker_handover)."""

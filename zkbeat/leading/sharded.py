@@ -137,10 +137,6 @@ class ShardedLoop:
         fair_share = self._fair_share
         if fair_share is None:
             return
-        if self._cut_from_broker:  # a shard's broker handover gave it away: no shard for this replica meanwhile
-            self._cut_from_broker = False
-            fair_share.mark_unready("it cannot reach the broker (it handed a shard over for that)", BROKER)
-            self._ready_probe_at = 0.0  # its broker is asked READY_PROBE from now, not at a probe due sooner
         self._probe_readiness(fair_share)  # needs no ZooKeeper: what it finds is written once connected
         if self.zk_client is None or self.zk_client.state != KazooState.CONNECTED:
             return
