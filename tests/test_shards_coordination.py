@@ -7,6 +7,7 @@ what, how often), never timings.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -94,3 +95,77 @@ def test_each_cause_of_an_unready_mark_is_cleared_on_its_own() -> None:
     assert fair_share.unready_why == "its schedule did not load" and not fair_share.unready_for(BROKER)
     fair_share.mark_ready()
     assert fair_share.unready_why is None
+
+
+def test_a_replica_whose_loop_stalled_in_a_shard_it_was_handed_is_not_handed_another_when_it_turns_again(
+    make_scheduler, monkeypatch, zk_root: str
+) -> None:
+    """Two replicas, two shards. The fair share hands the second replica a shard; its leader pass hangs (a
+    query that hangs, then times out), so its watchdog steps it out of every line after zkbeat_stall_timeout,
+    and the healthy replica leads both again. When the hung call returns, its loop turns and it joins every
+    line again: "a replica handed a shard that it then loses (... its loop stalls) is handed no other by the
+    replica that handed it that one for 5 minutes" (docs/sharding.md), or each hand-over leaves the shard
+    unpublished for another stall timeout."""
+    monkeypatch.setattr(shards_module, "SETTLE_TIME", 0.2)  # the fair share acts soon on what it sees
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=2))}
+    settings = {"zkbeat_shards": 2, "zkbeat_stall_timeout": 5.5, "beat_max_loop_interval": 0.2}
+    good = make_scheduler(entries, identity="good", **settings)
+    lead_every_shard(good)
+    stuck = make_scheduler(entries, identity="stuck", **settings)
+    terms = count_terms(stuck)
+    released = threading.Event()  # the test's end: no pass of the stuck replica hangs any more
+
+    def hang(interval: float) -> float:
+        released.wait(8)  # past zkbeat_stall_timeout, then the call returns on its own
+        return interval
+
+    stuck.after_leader_pass = hang
+    turned: list[int] = []  # the terms begun when its loop turned again after a stall
+    resume = stuck.watchdog._resume
+    stuck.watchdog._resume = lambda: (turned.append(len(terms)), resume())
+
+    decisions = []  # the healthy replica's decisions once the stuck one's loop turned again
+    decide = good._fair_share.decide
+
+    def counting_decide():
+        move = decide()
+        if turned:
+            decisions.append(move)
+        return move
+
+    good._fair_share.decide = counting_decide
+    try:
+        with Loop(good), Loop(stuck):
+            wait_for(lambda: terms, timeout=30, message="the fair share never handed the stuck replica a shard")
+            wait_for(lambda: turned, timeout=60, message="the stuck replica's loop never turned again")
+            first = turned[0]
+            wait_for(
+                lambda: len(terms) > first or len([m for m in decisions if m is None]) >= 50,
+                timeout=60,
+                message=lambda: f"the healthy replica made no decisions after the stall: {decisions}",
+            )
+            assert len(terms) == first, (
+                f"a shard was handed again to the replica whose loop stalled: terms begun {terms}, its loop "
+                f"turned again after {turned} terms, moves {[m for m in decisions if m is not None]}"
+            )
+    finally:
+        released.set()
+
+
+def test_a_replica_handed_a_shard_that_then_stops_is_not_held_against_a_new_one() -> None:
+    """Of a replica handed a shard that leaves every line, only its return says it lost the shard (its loop
+    stalled, its session ended): one that stopped never comes back, and nothing is held against anyone."""
+    now = [100.0]
+    fair_share = FairShare(None, ["/r/e0", "/r/e1"], "a", clock=lambda: now[0])  # type: ignore[arg-type]
+    fair_share._handed = {1: ("b", 100.0, False), 0: ("c", 100.0, False)}
+    fair_share._since = 103.0  # the lines changed after the handovers, then stood still
+    now[0] = 105.0
+    fair_share._note_lost_handovers({0: ("a",), 1: ("a", "d")}, now[0])  # b and c in no line; d a new replica
+    assert fair_share._excluded(now[0]) == set()
+    fair_share._since = 107.0
+    now[0] = 110.0
+    fair_share._note_lost_handovers({0: ("a", "b"), 1: ("a", "d", "b")}, now[0])  # b came back; c never does
+    assert fair_share._excluded(now[0]) == {"b"}
+    now[0] = 100.0 + shards_module.FAILED_TARGET_TIME + 1
+    fair_share._note_lost_handovers({0: ("a", "b", "c"), 1: ("a", "d", "b")}, now[0])  # c only after the time
+    assert fair_share._excluded(now[0]) == {"b"}

@@ -38,10 +38,13 @@ anything else                                   nothing
 =============================================  ===========================================
 
 A replica that stepped out of the line of a shard this one handed it, and
-stays out (its schedule did not load, it refused to lead, its loop stalled),
-is no longer below its share for this one's moves for FAILED_TARGET_TIME:
-each handover to it would leave a shard unpublished until it steps aside
-again.
+stays out (its schedule did not load, it refused to lead), or that left
+every line and came back (its loop stalled: the watchdog holds it out of
+every line until the loop turns again; or its session ended), is no longer
+below its share for this one's moves for FAILED_TARGET_TIME: each handover
+to it would leave a shard unpublished until it steps aside again. One that
+left every line and does not come back stopped (a new process is a new
+replica id).
 
 A replica that knows it cannot lead now (its schedule did not load as
 leader: a database it cannot read) says so to every replica, not only to
@@ -372,8 +375,8 @@ class FairShare:
         self._on_change_hook = on_change
         #: Watch events seen (kazoo's thread counts them): a change since a caller looked wakes it.
         self.changes = 0
-        #: Shard -> (the replica this one handed it to, when).
-        self._handed: dict[int, tuple[str, float]] = {}
+        #: Shard -> (the replica this one handed it to, when, whether it was seen in no line since).
+        self._handed: dict[int, tuple[str, float, bool]] = {}
         #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
         self._failed: dict[str, float] = {}
         #: Shard -> replica -> the sequence of its candidate there, as last read.
@@ -528,7 +531,7 @@ class FairShare:
         if move is not None:
             self._moved_at = now
             if move.lead:
-                self._handed[move.shard] = (lines[move.shard][1], now)
+                self._handed[move.shard] = (lines[move.shard][1], now, False)
             elif self.unready_why is not None:
                 mine = self._sequences.get(move.shard, {}).get(self.me, -1)
                 self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
@@ -550,7 +553,7 @@ class FairShare:
         cannot = self._unready_now() | self._failed_now(now)
         successor = ready_successor(lines.get(shard, ()), self.me, cannot, listed=self.me in self._unready)
         if successor is not None:
-            self._handed[shard] = (successor, now)
+            self._handed[shard] = (successor, now, False)
         return successor
 
     def _failed_now(self, now: float) -> set[str]:
@@ -586,22 +589,30 @@ class FairShare:
         self._gave_way = {replica: until for replica, until in self._gave_way.items() if until > now}
 
     def _note_lost_handovers(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
-        """A replica out of the line of a shard this one handed it, and in others' lines: hand it no other for a while.
+        """A replica that lost a shard this one handed it, and is in line still or again: hand it no other for a while.
 
         Read from lines that stood still for SETTLE_TIME and changed since the
-        handover: it stepped out of that line and stays out (its schedule did
-        not load, it refused to lead, its loop stalled); a step-down on request
-        joins the line again at once, a replica that stopped is in no line.
+        handover. Out of that line and in others' lines: it stepped out and
+        stays out (its schedule did not load, it refused to lead). In no line:
+        it stopped, or its loop stalled (the watchdog holds it out of every
+        line until the loop turns again), which tells only its return: seen
+        in a line again (within FAILED_TARGET_TIME of the handover), it lost
+        the shard too. A step-down on request, or a fair-share move of its
+        own, joins the line again at once and is never seen out of it.
         Handing it the next shard would move that shard to a replica that
         cannot lead it, again and again.
         """
-        for shard, (target, at) in list(self._handed.items()):
+        for shard, (target, at, away) in list(self._handed.items()):
             if now - at > FAILED_TARGET_TIME:
                 del self._handed[shard]
-            elif self._since > at and target not in lines.get(shard, ()):
-                del self._handed[shard]
-                if any(target in line for line in lines.values()):
-                    self._failed[target] = now + FAILED_TARGET_TIME
+                continue
+            if self._since <= at or (not away and target in lines.get(shard, ())):
+                continue
+            if not any(target in line for line in lines.values()):
+                self._handed[shard] = (target, at, True)  # stopped, or stalled: told when it comes back
+                continue
+            del self._handed[shard]
+            self._failed[target] = now + FAILED_TARGET_TIME
         self._failed = {replica: until for replica, until in self._failed.items() if until > now}
 
     def next_look(self) -> float:
