@@ -191,18 +191,21 @@ class ShardedLoop:
         if now < self._ready_probe_at:
             return
         self._ready_probe_at = now + READY_PROBE
+        over = []
         if fair_share.unready_for(SCHEDULE) and self._ready(self.schedule_readable, "schedule_readable()"):
-            logger.info(
-                "zkbeat: the schedule can be read again (%s); ready to lead, the fair share may hand shards here",
-                self.zk_settings.identity,
-            )
             fair_share.mark_ready(SCHEDULE)
+            over.append("the schedule can be read again")
         if fair_share.unready_for(BROKER) and self._ready(lambda: self._probe_broker() is None, "the broker probe"):
-            logger.info(
-                "zkbeat: the broker can be reached again (%s); ready to lead, the fair share may hand shards here",
-                self.zk_settings.identity,
-            )
             fair_share.mark_ready(BROKER)
+            over.append("the broker can be reached again")
+        if over:
+            still = fair_share.unready_why
+            logger.info(
+                "zkbeat: %s (%s); %s",
+                " and ".join(over),
+                self.zk_settings.identity,
+                "ready to lead, the fair share may hand shards here" if still is None else f"still not ready: {still}",
+            )
 
     def _ready(self, probe: Callable[[], bool], what: str) -> bool:
         """One readiness probe's answer; one that raises is a no, asked again later."""
