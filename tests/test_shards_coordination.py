@@ -7,10 +7,13 @@ what, how often), never timings.
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 from collections.abc import Iterator
 
 import pytest
+from kazoo.client import KazooClient
 
 import zkbeat.coordination.shards as shards_module
 from tests.support.helpers import every, names_in_every_shard, wait_for
@@ -18,7 +21,8 @@ from tests.support.proxy import TcpProxy
 from tests.support.servers import RedisServer
 from tests.test_shards import lead_every_shard
 from tests.test_shards_review import Loop, count_terms
-from zkbeat.coordination.shards import BROKER, SCHEDULE, FairShare
+from zkbeat.coordination.liveness import Announcement
+from zkbeat.coordination.shards import BROKER, REPLICA_KEY, SCHEDULE, FairShare, election_path
 
 
 @pytest.fixture
@@ -169,3 +173,35 @@ def test_a_replica_handed_a_shard_that_then_stops_is_not_held_against_a_new_one(
     now[0] = 100.0 + shards_module.FAILED_TARGET_TIME + 1
     fair_share._note_lost_handovers({0: ("a", "b", "c"), 1: ("a", "d", "b")}, now[0])  # c only after the time
     assert fair_share._excluded(now[0]) == {"b"}
+
+
+def test_a_stopping_replica_hands_its_shards_over_before_it_waits_for_its_liveness_watches(
+    make_scheduler, zk_client: KazooClient, zk_root: str
+) -> None:
+    """A replica leads shard 0 and, in shard 1, waits behind a candidate whose liveness socket never answers
+    (its host is cut off): its watch there dials it again and again, each dial waiting up to DIAL_TIMEOUT. On
+    close() the replica's terms end first; a liveness watch that is closed, and waited for, before the
+    candidates are deleted holds every shard it led unpublished meanwhile (up to a dial per shard). The
+    candidates go first: when the first watch is closed, shard 0's successor can already take over."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts into its backlog, never answers a token
+    try:
+        replica = make_scheduler({}, identity="stopping", zkbeat_shards=2)
+        shard1 = election_path(zk_root, 1, 2)
+        zk_client.ensure_path(shard1)
+        data = {"identity": "cut-off", REPLICA_KEY: "b" * 32}
+        data.update(Announcement("127.0.0.1", silent.getsockname()[1], "c" * 32, 2).as_data())
+        zk_client.create(f"{shard1}/candidate-{'d' * 32}-", json.dumps(data).encode(), ephemeral=True, sequence=True)
+        replica._shards[0].election.wait_for_leadership(15)
+        mine = replica._shards[0].election.candidate
+        wait_for(lambda: replica._shards[1].election.predecessor is not None, timeout=15)
+        left_first: list[bool] = []
+        for shard in replica._shards:
+            close = shard.watcher.close
+            shard.watcher.close = lambda close=close: (left_first.append(zk_client.exists(mine) is None), close())
+        replica.close()
+        assert left_first and all(left_first), (
+            f"a liveness watch was closed (and waited for) while the replica still held shard 0's candidate: "
+            f"{left_first}"
+        )
+    finally:
+        silent.close()

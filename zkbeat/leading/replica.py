@@ -298,11 +298,13 @@ class Replica:
         if self.watchdog is not None:
             self.watchdog.close()
         for shard in self._shards:
-            if shard.watcher is not None:
-                shard.watcher.close()
-        for shard in self._shards:
             if shard.election is not None:
                 shard.election.close(self._stop_reason)
+        for shard in self._shards:
+            if shard.watcher is not None:
+                # After the candidates are gone: a watch dialing a predecessor that does not answer is waited
+                # for (up to DIAL_TIMEOUT each), and the shards this replica led must not wait with it.
+                shard.watcher.close()
         for shard in self._shards:
             if shard.broker_handover is not None:
                 # After the candidate is gone: a probe in flight must not delay the handover.
