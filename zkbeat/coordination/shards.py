@@ -332,8 +332,9 @@ class FairShare:
     thread) only set a flag and call ``on_change`` (which wakes beat's loop).
     The one exception: a broker handover's thread may mark this replica
     unready and write the mark (:meth:`mark_unready`, :meth:`keep_mark`),
-    which only rebinds the reasons, sets a flag, and makes or finds the
-    mark's znode, the same whichever thread writes it first.
+    which only rebinds the reasons (under a lock of their own), sets a flag,
+    and makes or finds the mark's znode, the same whichever thread writes it
+    first.
     :meth:`decide` reads ZooKeeper only after a watch fired, and answers a
     move only once the lines stood still for SETTLE_TIME and SETTLE_TIME has
     passed since its last move; :meth:`next_look` says when to ask again.
@@ -363,6 +364,7 @@ class FairShare:
         self._unready: frozenset[str] = frozenset()
         #: Why this replica cannot lead now, by cause (SCHEDULE, BROKER): marked while any holds.
         self._whys: dict[str, str] = {}
+        self._whys_lock = threading.Lock()  # marked by a broker handover's thread, unmarked by beat's
         self._unreadable_said = False
         self._denied_said = False
         self._refused_said = False
@@ -461,12 +463,15 @@ class FairShare:
         that loads says nothing about the broker, nor a broker that answers
         about the schedule.
         """
-        self._whys = {**self._whys, cause: cap_why(why)}  # rebound, not changed: other threads may be reading it
+        with self._whys_lock:
+            self._whys = {**self._whys, cause: cap_why(why)}  # rebound, not changed: other threads may read it
 
     def mark_ready(self, cause: str = SCHEDULE) -> None:
         """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it."""
-        self._whys = {key: why for key, why in self._whys.items() if key != cause}
-        if not self._whys:
+        with self._whys_lock:
+            self._whys = {key: why for key, why in self._whys.items() if key != cause}
+            if self._whys:
+                return
             self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
 
     def keep_mark(self) -> None:
