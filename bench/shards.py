@@ -171,19 +171,31 @@ def _window(bench: Bench, run: Run, result: Result, count: int, due: float, roun
         since = sum(1 for times in tally.times.values() for at in times if at >= due - 1.0)
         result.writes_per_publish = (_row_writes(records) - writes_before) / since
     windowed = {name: sorted(t for t in found if due - 1.0 <= t <= stopped) for name, found in tally.times.items()}
-    order: dict[str, list[int]] = defaultdict(list)
-    for publish in run.publishes():  # in time order: an entry's k-th pid published its k-th round
+    order: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for publish in run.publishes():  # in time order: an entry's k-th publisher published its k-th round
         if publish.entry.startswith("row-") and due - 1.0 <= publish.at <= stopped:
-            order[publish.entry].append(publish.pid)
+            order[publish.entry].append((publish.pid, publish.at))
     for k in range(rounds):
         burst = Burst(span=ticks.spans[k], published=ticks.counts[k], late=ticks.late[k])
         at = [found[k] for found in windowed.values() if len(found) > k]
         if len(at) > 1:
             burst.pace = (max(at) - min(at)) / (len(at) - 1) * 1000
-        pids = Counter(found[k] for found in order.values() if len(found) > k)
-        burst.publishers = " / ".join(f"{n:,}" for _, n in pids.most_common())
+        burst.publishers = _by_publisher([found[k] for found in order.values() if len(found) > k], due + k * every)
         result.bursts.append(burst)
     result.rss = [probes.rss_mb(b.pid) for b in run.alive()]
+
+
+def _by_publisher(publishes: list[tuple[int, float]], due: float) -> str:
+    """Each replica's publishes of a round, with its own first → last (seconds after the round's due moment).
+
+    Where one shard's leader starts late, or runs slower than the other,
+    the round's span says only that it was long; this says whose it was.
+    """
+    spans: dict[int, list[float]] = defaultdict(list)
+    for pid, at in publishes:
+        spans[pid].append(at - due)
+    ranked = sorted(spans.values(), key=len, reverse=True)
+    return " / ".join(f"{len(times):,} ({min(times):.2f}–{max(times):.2f} s)" for times in ranked)
 
 
 def _pulses(root: str, shards: int) -> list[str]:

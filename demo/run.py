@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from demo.cluster import BEAT_COMMAND, EXAMPLE_PROJECT, ROOT, WORKER_COMMAND, Child, Event, parse
@@ -28,10 +29,12 @@ class DemoError(Exception):
 
 
 class Demo:
-    def __init__(self, replicas: int, broker: str | None = None) -> None:
+    def __init__(self, replicas: int, broker: str | None = None, workdir: Path = WORKDIR) -> None:
         self.n = replicas
         #: A broker the user runs (e.g. RabbitMQ); None: a private Redis, started and stopped here.
         self.broker = broker
+        #: The SQLite database and the processes' logs.
+        self.workdir = workdir
         self.started = time.time()
         self.servers: list[ZooKeeperServer | RedisServer] = []
         self.worker: Child | None = None
@@ -160,7 +163,7 @@ class Demo:
         env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
         env.update(
             DJANGO_SETTINGS_MODULE="proj.settings",
-            PROJ_SQLITE_PATH=str(WORKDIR / "db.sqlite3"),
+            PROJ_SQLITE_PATH=str(self.workdir / "db.sqlite3"),
             PROJ_FAST_SCHEDULE="1",
             CELERY_BROKER_URL=broker,
             ZKBEAT_HOSTS=zookeeper.hosts,
@@ -177,14 +180,14 @@ class Demo:
 
         django.setup()
         call_command("migrate", verbosity=0)
-        self.say(f"example_project migrated (SQLite: {(WORKDIR / 'db.sqlite3').relative_to(ROOT)}); its jobs run "
+        self.say(f"example_project migrated (SQLite: {_shown(self.workdir / 'db.sqlite3')}); its jobs run "
                  "every 2, 3 and 5 s (PROJ_FAST_SCHEDULE=1)")  # fmt: skip
 
     def start_processes(self, env: dict[str, str]) -> None:
-        self.worker = Child("worker", WORKER_COMMAND, env, WORKDIR).start()
+        self.worker = Child("worker", WORKER_COMMAND, env, self.workdir).start()
         for i in range(1, self.n + 1):
             name = f"beat-{i}"
-            self.beats.append(Child(name, BEAT_COMMAND, {**env, "ZKBEAT_IDENTITY": name}, WORKDIR).start())
+            self.beats.append(Child(name, BEAT_COMMAND, {**env, "ZKBEAT_IDENTITY": name}, self.workdir).start())
         self.say(f"started a worker and {self.n} replicas of: {' '.join(BEAT_COMMAND)}")
 
     # -- the end -----------------------------------------------------------
@@ -258,7 +261,12 @@ class Demo:
             from django.db import connections
 
             connections.close_all()
-        print(f"\nstopped everything the demo started; logs are in {WORKDIR.relative_to(ROOT)}/", flush=True)
+        print(f"\nstopped everything the demo started; logs are in {_shown(self.workdir)}/", flush=True)
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the narration names it: from the repository's root when it is inside."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _redacted(url: str) -> str:
@@ -280,7 +288,8 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; the broker defaults to $BROKER (what ``make demo BROKER=...`` sets), empty meaning none."""
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--replicas", type=int, default=3, help="beat replicas to start (at least 3)")
     parser.add_argument(
@@ -292,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replicas < 3:
         parser.error("the story needs 3 replicas: one to kill, one to stop, one to finish")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options(argv)
     shutil.rmtree(WORKDIR, ignore_errors=True)
     WORKDIR.mkdir()
     demo = Demo(args.replicas, args.broker)

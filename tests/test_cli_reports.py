@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -135,5 +136,39 @@ def test_a_refused_request_and_bad_arguments_are_answered_in_one_line_or_one_jso
         assert next(e for e in shown["entries"] if e["name"] == "hourly")["paused"]["note"] == "not yet"
         resumed = cli(cluster, "resume", "hourly", "--json", schedule={**SCHEDULE, "hourly": 3600})
         assert resumed.returncode == 0 and json.loads(resumed.stdout)["changed"] is True
+    finally:
+        cluster.stop()
+
+
+def test_an_entry_that_never_ran_paused_on_a_running_leader_counts_its_next_run_from_the_pause(
+    zk_server: ZooKeeperServer, redis_server: RedisServer, zk_root: str, tmp_path: Path
+) -> None:
+    """docs/operating.md: an entry of the app's schedule that never ran can be paused; its ledger state starts at
+    the pause, no replica publishes it until it is resumed, and once resumed it counts its next run from the
+    pause. Here the running leader's own count (from its start) would name another slot."""
+    every = 15  # its first tick, counted from the replica's start: long after the pause below
+    schedule = {**SCHEDULE, "fresh": every}
+    cluster = Cluster(1, zk_hosts=zk_server.hosts, broker=redis_server.url, root=zk_root, schedule=schedule,
+                      log_dir=tmp_path)  # fmt: skip
+    cluster.start()
+    try:
+        wait_for(lambda: cluster.publishes(), timeout=30, message=cluster.logs)
+        paused = cli(cluster, "pause", "fresh", "--note", "not yet", "--json", schedule=schedule)
+        assert paused.returncode == 0, paused.stdout + paused.stderr + cluster.logs()
+        at = json.loads(paused.stdout)["paused"]["at"]
+        [shown] = [e for e in json.loads(cli(cluster, "status", "--json", schedule=schedule).stdout)["entries"]
+                   if e["name"] == "fresh"]  # fmt: skip
+        assert shown["paused"]["note"] == "not yet" and shown["total_run_count"] == 0, shown
+        assert datetime.fromisoformat(shown["last_run_at"]) == datetime.fromisoformat(at), "not started at the pause"
+        assert [p for p in cluster.publishes() if p.entry == "fresh"] == [], "it ran before the pause: too slow a start"
+        # Due on the leader's own count (from its start): it finds the pause instead, and says so once.
+        wait_for(lambda: "fresh is paused" in cluster.logs(), timeout=every + 30, message=cluster.logs)
+        assert [p for p in cluster.publishes() if p.entry == "fresh"] == [], "published while paused"
+        resumed = cli(cluster, "resume", "fresh", "--json", schedule=schedule)
+        assert resumed.returncode == 0 and json.loads(resumed.stdout)["changed"] is True, resumed.stderr
+        [run] = wait_for(lambda: [p for p in cluster.publishes() if p.entry == "fresh"], timeout=every + 30,
+                         message=cluster.logs)  # fmt: skip
+        assert run.slot == datetime.fromisoformat(at) + timedelta(seconds=every), (run.slot, at)
+        assert cluster.logs().count("fresh is paused") == 1
     finally:
         cluster.stop()

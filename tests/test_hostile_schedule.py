@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from celery import beat
-from celery.schedules import schedule
+from celery.schedules import schedstate, schedule
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kombu.exceptions import OperationalError
@@ -17,6 +18,7 @@ from kombu.exceptions import OperationalError
 from tests.support.helpers import Published, every, intercept_claims, lead, stop_intercepting, wait_for
 from zkbeat.leading import publisher as publisher_module
 from zkbeat.leading import term as term_module
+from zkbeat.ledger import controls
 
 
 class RaisingSchedule(schedule):
@@ -28,6 +30,62 @@ class RaisingSchedule(schedule):
 
 def raising() -> dict:
     return {"task": "zkbeat.test", "schedule": RaisingSchedule(timedelta(seconds=1))}
+
+
+class Ambiguous:
+    """An answer whose truth cannot be told, as numpy's array of several booleans answers."""
+
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of an array with more than one element is ambiguous")
+
+
+class NotABool:
+    """An answer whose ``__bool__`` answers no bool (Python raises TypeError at its truth test)."""
+
+    def __bool__(self):
+        return "yes"
+
+
+class OddAnswer(schedule):
+    """A schedule whose ``is_due`` answers ``is_due`` with an object of ``kind``: no exception in is_due itself."""
+
+    def __init__(self, kind: type) -> None:
+        super().__init__(timedelta(seconds=0.2))
+        self.kind = kind
+
+    def is_due(self, last_run_at: datetime):
+        return schedstate(self.kind(), 0.2)
+
+    def __reduce__(self):
+        return (self.__class__, (self.kind,))
+
+
+class Answering(schedule):
+    """A schedule that answers ``schedstate(is_due, wait)`` as given: Celery's own never answer such waits."""
+
+    def __init__(self, is_due: bool, wait: object) -> None:
+        super().__init__(timedelta(seconds=0.2))
+        self.answer = schedstate(is_due, wait)
+
+    def is_due(self, last_run_at: datetime):
+        return self.answer
+
+    def __reduce__(self):
+        return (self.__class__, tuple(self.answer))
+
+
+class Unprintable:
+    """An object whose repr raises (a half-built model row, a broken ``__repr__``)."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr (test)")
+
+
+class RaisingUnprintable(schedule):
+    """A schedule whose is_due raises an error that holds an :class:`Unprintable`: the error's repr raises too."""
+
+    def is_due(self, last_run_at: datetime):
+        raise ValueError(Unprintable())
 
 
 def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
@@ -50,6 +108,96 @@ def test_an_entry_whose_schedule_raises_is_left_out_without_celery_5_7(
         tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
     assert "broken" not in published.entries()
     assert len(messages(caplog, "leaving out 'broken'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+@pytest.mark.parametrize("kind", [Ambiguous, NotABool], ids=["ambiguous", "not-a-bool"])
+def test_an_entry_whose_is_due_answer_has_no_truth_value_is_left_out(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, kind: type
+) -> None:
+    """An is_due answer whose truth test raises is the schedule's error, as if is_due raised: the entry is logged
+    once and left out, and the rest runs. It raised out of the leader's pass (the heap's build, in every pass): the
+    leader stepped down, every replica in turn, and nothing ran."""
+    scheduler = make_scheduler({"odd": {"task": "zkbeat.test", "schedule": OddAnswer(kind)}, "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "odd" not in published.entries()
+    assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+@pytest.mark.parametrize("is_due", [False, True], ids=["not-due", "due"])
+def test_an_answer_whose_wait_is_past_any_float_leaves_the_other_entries_alone(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, is_due: bool
+) -> None:
+    """A wait of 10**400 seconds (an int no float holds): placing the entry on beat's heap raised out of the
+    leader's pass (at the heap's build, or after the entry's run), in every pass. It is a wait that is no number:
+    the entry is asked again after beat's max interval (and, due, runs again)."""
+    entries = {"odd": {"task": "zkbeat.test", "schedule": Answering(is_due, 10**400)}, "tidy": every(0.2)}
+    scheduler = make_scheduler(entries)
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    odd = 2 if is_due else 0
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 3 and published.count("odd") >= odd)
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+@pytest.mark.parametrize("wait", [None, Decimal("NaN")], ids=["none", "decimal-nan"])
+def test_a_paused_entry_whose_due_answer_has_a_next_wait_that_is_no_float_leaves_the_term_alone(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, wait: object
+) -> None:
+    """A paused entry's due tick is checked again within beat's max interval (the lesser of its wait and that):
+    a wait that is no number (None, a Decimal NaN, which refuses ``<``) raised there, in every pass (the leader
+    stepped down, every replica in turn). Such a wait is beat's max interval."""
+    entries = {"odd": {"task": "zkbeat.test", "schedule": Answering(True, wait)}, "tidy": every(0.2)}
+    scheduler = make_scheduler(entries)
+    controls.pause(scheduler.ledger.client, scheduler.zk_settings.root, "odd", "ops", scheduled=True, force=True)
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5 and "odd is paused" in caplog.text)
+    assert "odd" not in published.entries()
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+def test_an_entry_whose_options_are_no_mapping_is_left_out(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Options that are a list, not a mapping: the pass's look for the entry's jitter raised out of the pass, in
+    every pass (the leader stepped down, every replica in turn, and nothing ran). The entry is logged once and left
+    out where its tick is planned, and the rest runs."""
+    scheduler = make_scheduler({"odd": every(0.2, options=["queue", "x"]), "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "odd" not in published.entries()
+    assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+
+
+def test_an_entry_whose_schedule_raises_an_error_that_cannot_be_printed_is_left_out(
+    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error's repr raised while the entry was being logged and left out, out of the leader's pass, in every
+    pass (the leader stepped down, every replica in turn). It is logged by its class, once, and the rest runs."""
+    broken = {"task": "zkbeat.test", "schedule": RaisingUnprintable(timedelta(seconds=0.2))}
+    scheduler = make_scheduler({"broken": broken, "tidy": every(0.2)})
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert "broken" not in published.entries()
+    left_out = messages(caplog, "leaving out 'broken'")
+    assert len(left_out) == 1 and "ValueError" in left_out[0], left_out
     assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
     assert not messages(caplog, "unexpected error")
 

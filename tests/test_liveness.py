@@ -237,6 +237,35 @@ def test_the_watchdog_logs_the_stuck_threads_stack(caplog: pytest.LogCaptureFixt
     assert "stuck_in_a_publish" in caplog.text and "zkbeat_stall_timeout" in caplog.text
 
 
+def test_the_watchdog_steps_down_before_it_writes_its_error() -> None:
+    """The step-down is asked for before the ERROR with the stack is written, so a log that blocks (a full pipe
+    on stderr) cannot keep a hung leader leading; the election's step-down line may therefore come first, as
+    docs/operating.md's table says."""
+    now = [0.0]
+    asked = threading.Event()
+    release = threading.Event()
+
+    class Blocking(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            release.wait(10)
+
+    dog = Watchdog(10.0, asked.set, lambda: None, clock=lambda: now[0])
+    dog.entered()
+    now[0] = 20.0
+    handler = Blocking()
+    watchdog_logger = logging.getLogger("zkbeat.leading.watchdog")
+    watchdog_logger.addHandler(handler)
+    checking = threading.Thread(target=dog.check)
+    try:
+        checking.start()
+        assert asked.wait(5), "no step-down while the log blocked"
+    finally:
+        release.set()
+        checking.join(5)
+        watchdog_logger.removeHandler(handler)
+    assert dog.stalls == 1
+
+
 @pytest.fixture
 def pool(zk_server: ZooKeeperServer, zk_root: str):
     from tests.test_election import Pool

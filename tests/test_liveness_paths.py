@@ -251,3 +251,44 @@ def test_each_deposal_is_counted_in_the_metrics(
     finally:
         scheduler.close()
         beacon.close()
+
+
+def relayed_lines(caplog: pytest.LogCaptureFixture, node: str) -> list[str]:
+    """The INFO lines saying the connection to ``node``'s beacon is relayed (guarantees.md: logged once)."""
+    return [r.getMessage() for r in liveness_lines(caplog, node) if "relays it" in r.getMessage()]
+
+
+def test_a_relayed_predecessor_is_logged_once_across_passes_reconnects_and_a_return(
+    owner: Owner, make_scheduler, zk_server: ZooKeeperServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica's predecessor seen through a proxy is said once at INFO (guarantees.md, how-it-works.md): not
+    again on its passes, on a dropped connection, on a new session, nor when it is followed again after another
+    predecessor (a rejoin puts a newer candidate between, which then leaves)."""
+    from tests.support.servers import drop_connection, expire_session
+
+    caplog.set_level(logging.DEBUG, logger="zkbeat.coordination.liveness")
+    beacons = [Beacon("127.0.0.1").start(), Beacon("127.0.0.1").start()]
+    proxies = [TcpProxy(beacon.port).start() for beacon in beacons]
+    try:
+        first = owner.candidate(beacons[0], port=proxies[0].port)  # ahead of the replica in line
+        scheduler = make_scheduler({}, identity="follower", zkbeat_root=owner.path.rsplit("/v1/", 1)[0])
+        wait_for(lambda: relayed_lines(caplog, first), timeout=15, message=lambda: caplog.text)
+        for _ in range(5):
+            scheduler.tick()
+        drop_connection(scheduler.zk_client)
+        wait_for(lambda: scheduler.election.predecessor is not None, timeout=15)
+        # A newer candidate joins behind the replica; a new session puts the replica behind it, and it leaves.
+        between = owner.candidate(beacons[1], port=proxies[1].port)
+        expire_session(scheduler.zk_client, zk_server.hosts)
+        wait_for(lambda: relayed_lines(caplog, between), timeout=15, message=lambda: caplog.text)
+        owner.client.delete(between)
+        wait_for(lambda: scheduler.election.predecessor is not None and scheduler.election.predecessor.path == first,
+                 timeout=15, message=lambda: caplog.text)  # fmt: skip
+        # A second line would come within milliseconds of following it again (one dial through the proxy).
+        wait_for(lambda: len(relayed_lines(caplog, first)) > 1, timeout=2, raise_on_timeout=False)
+        assert len(relayed_lines(caplog, first)) == 1, relayed_lines(caplog, first)
+        assert len(relayed_lines(caplog, between)) == 1, relayed_lines(caplog, between)
+        assert all(r.levelno == logging.INFO for r in caplog.records if "relays it" in r.getMessage())
+    finally:
+        for made in (*proxies, *beacons):
+            made.close()

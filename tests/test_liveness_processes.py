@@ -204,9 +204,15 @@ def test_a_leader_hung_on_a_black_holed_broker_is_replaced(
     zk_root: str,
     redis_server: RedisServer,
 ) -> None:
-    """A leader hung on a black-holed broker steps down; another publishes; healed, it sends only its claims."""
+    """A leader hung on a black-holed broker steps down; another publishes; healed, it sends only its claims.
+
+    Its log says so as docs/operating.md's table does: the row "the watchdog steps a hung leader down" at INFO
+    on zkbeat.events, beside the watchdog's ERROR with the stack."""
+    from tests.test_log_lines import LOG_FORMAT, lines, printed, table
+
+    row = table()["the watchdog steps a hung leader down"]
     proxy = TcpProxy(redis_server.port).start()
-    conf = {"ZKBEAT_TEST_CONF": json.dumps({"zkbeat_stall_timeout": 8})}
+    conf = {"ZKBEAT_TEST_CONF": json.dumps({"zkbeat_stall_timeout": 8, "worker_log_format": LOG_FORMAT})}
     cluster = make_cluster(0, zk_server, extra_env=conf)
     hung = cluster.add({"ZKBEAT_TEST_BROKER": f"redis://127.0.0.1:{proxy.port}/0"})
     wait_for(lambda: publishes_by(cluster, hung.pid), timeout=30, message=cluster.logs)
@@ -218,6 +224,11 @@ def test_a_leader_hung_on_a_black_holed_broker_is_replaced(
     proxy.blackhole()
     taken = new_leader(cluster, hung.pid, cut_at, timeout=8 + 30)
     wait_for(lambda: "stepping down so that another replica leads" in hung.log(), timeout=10, message=hung.log)
+    [stepped] = wait_for(lambda: printed(hung, row), timeout=10, message=hung.log)
+    epoch = publishes_by(cluster, hung.pid)[0].epoch
+    assert stepped.logger == "zkbeat.events" and f"(epoch {epoch})" in stepped.message, stepped
+    stalled = [line for line in lines(hung) if line.level == "ERROR" and "inside one leader pass" in line.message]
+    assert [line.logger for line in stalled] == ["zkbeat.leading.watchdog"], hung.log()
     wait_for(lambda: len(publishes_by(cluster, taken.pid)) >= 4, timeout=20)
     proxy.heal()
     healed_at = time.time()

@@ -119,7 +119,7 @@ PROTOCOL = 2
 _ASK = b"@"
 #: Longest address line a beacon sends after its token ("<ip> <port>\n").
 _ADDRESS_MAX = 64
-#: Deposed sockets a watcher remembers (see Watcher): more than a line ever holds.
+#: Deposed sockets, and candidates with a verdict, a watcher remembers (see Watcher): more than a line ever holds.
 _DEPOSED_KEPT = 256
 
 
@@ -512,6 +512,10 @@ class Watcher:
         self._unreachable_logged: set[str] = set()
         #: Tokens of the sockets this watcher deposed, with the candidate each was announced by.
         self._deposed: dict[str, str] = {}
+        #: Candidates whose verdict is in (their paths, oldest first): never watched, nor logged, again. More
+        #: than the last one: a rejoin can put a newer candidate between, and when it leaves, the one before
+        #: it is followed again.
+        self._concluded: dict[str, None] = {}
         self._thread = threading.Thread(target=self._run, name="zkbeat-liveness-watch", daemon=True)
 
     def start(self) -> Watcher:
@@ -548,17 +552,18 @@ class Watcher:
         return not self._closed and self._target is candidate
 
     def _run(self) -> None:
-        concluded: str | None = None  # the candidate whose verdict is in: not watched again
         while not self._closed:
             self._drain()
             target = self._target
             try:
                 announcement = Announcement.of(target) if target is not None else None
-                if target is None or announcement is None or target.path == concluded:
+                if target is None or announcement is None or target.path in self._concluded:
                     self._sleep(None)
                     continue
                 if self._watch(target, announcement):
-                    concluded = target.path
+                    self._concluded[target.path] = None
+                    while len(self._concluded) > _DEPOSED_KEPT:
+                        del self._concluded[next(iter(self._concluded))]
             except Exception:  # noqa: BLE001 - liveness is an optimisation: never die of it
                 logger.exception("zkbeat: liveness watch failed; the session decides meanwhile")
                 self._sleep(REDIAL_DELAY)

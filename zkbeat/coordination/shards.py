@@ -38,10 +38,13 @@ anything else                                   nothing
 =============================================  ===========================================
 
 A replica that stepped out of the line of a shard this one handed it, and
-stays out (its schedule did not load, it refused to lead, its loop stalled),
-is no longer below its share for this one's moves for FAILED_TARGET_TIME:
-each handover to it would leave a shard unpublished until it steps aside
-again.
+stays out (its schedule did not load, it refused to lead), or that left
+every line and came back (its loop stalled: the watchdog holds it out of
+every line until the loop turns again; or its session ended), is no longer
+below its share for this one's moves for FAILED_TARGET_TIME: each handover
+to it would leave a shard unpublished until it steps aside again. One that
+left every line and does not come back stopped (a new process is a new
+replica id).
 
 A replica that knows it cannot lead now (its schedule did not load as
 leader: a database it cannot read) says so to every replica, not only to
@@ -57,6 +60,15 @@ before it stepped back), and its schedule not load at the first try, it
 steps aside at once if a ready replica stands behind it in that line
 (:func:`ready_successor`), instead of after ``zkbeat_stall_timeout``; with
 none ready behind it, it is the best there is and keeps trying.
+
+A replica that handed a shard over because it cannot reach the broker
+(zkbeat.coordination.broker_handover) marks itself the same way, until a
+probe of the broker on a connection of its own gets through: it stays in
+every line, and the broker handover brought it behind the replica that
+took the shard, so without the mark that replica, now above its share,
+would hand it a shard back within seconds, and it would hand that one
+back after ``zkbeat_broker_handover_timeout``, again and again, each time
+leaving the shard unpublished for the timeout.
 """
 
 from __future__ import annotations
@@ -105,6 +117,8 @@ __all__ = [
     "ready_successor",
     "FairShare",
     "REPLICA_KEY",
+    "SCHEDULE",
+    "BROKER",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,6 +138,10 @@ FAILED_TARGET_TIME = 300.0
 #: reason is a short fixed text; the cut guards the write (a reason past ZooKeeper's jute.maxbuffer, 1 MiB by
 #: default, would make the server drop the connection at every write) and `zkbeat status` against a long one.
 MAX_WHY = 300
+#: Causes of an unready mark (:meth:`FairShare.mark_unready`): the host's schedule did not load as leader, or
+#: this replica handed a shard over because it cannot reach the broker (zkbeat.coordination.broker_handover).
+SCHEDULE = "schedule"
+BROKER = "broker"
 #: What a replica id is (uuid4 hex): a child of the unready listing named otherwise is a stranger's, ignored.
 _REPLICA_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -312,6 +330,11 @@ class FairShare:
 
     Not thread-safe: one caller (beat's main thread); the watches (kazoo's
     thread) only set a flag and call ``on_change`` (which wakes beat's loop).
+    The one exception: a broker handover's thread may mark this replica
+    unready and write the mark (:meth:`mark_unready`, :meth:`keep_mark`),
+    which only rebinds the reasons (under a lock of their own), sets a flag,
+    and makes or finds the mark's znode, the same whichever thread writes it
+    first.
     :meth:`decide` reads ZooKeeper only after a watch fired, and answers a
     move only once the lines stood still for SETTLE_TIME and SETTLE_TIME has
     passed since its last move; :meth:`next_look` says when to ask again.
@@ -339,8 +362,9 @@ class FairShare:
         self._unready_path = unready
         #: The replicas marked unready there, as last read.
         self._unready: frozenset[str] = frozenset()
-        #: Why this replica cannot lead now (its mark's reason), None while it can.
-        self.unready_why: str | None = None
+        #: Why this replica cannot lead now, by cause (SCHEDULE, BROKER): marked while any holds.
+        self._whys: dict[str, str] = {}
+        self._whys_lock = threading.Lock()  # marked by a broker handover's thread, unmarked by beat's
         self._unreadable_said = False
         self._denied_said = False
         self._refused_said = False
@@ -353,8 +377,8 @@ class FairShare:
         self._on_change_hook = on_change
         #: Watch events seen (kazoo's thread counts them): a change since a caller looked wakes it.
         self.changes = 0
-        #: Shard -> (the replica this one handed it to, when).
-        self._handed: dict[int, tuple[str, float]] = {}
+        #: Shard -> (the replica this one handed it to, when, whether it was seen in no line since).
+        self._handed: dict[int, tuple[str, float, bool]] = {}
         #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
         self._failed: dict[str, float] = {}
         #: Shard -> replica -> the sequence of its candidate there, as last read.
@@ -423,14 +447,32 @@ class FairShare:
         others = self._unready - {self.me}
         return others | {self.me} if self.unready_why is not None else others
 
-    def mark_unready(self, why: str) -> None:
-        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it); ``why`` cut to MAX_WHY."""
-        self.unready_why = cap_why(why)
+    @property
+    def unready_why(self) -> str | None:
+        """Why this replica cannot lead now (its mark's reason: the first cause's), None while it can."""
+        return next(iter(self._whys.values()), None)
 
-    def mark_ready(self) -> None:
-        """Say that this replica can lead again (:meth:`keep_mark` deletes the mark)."""
-        self.unready_why = None
-        self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+    def unready_for(self, cause: str) -> bool:
+        """Whether this replica is marked unready for ``cause`` (SCHEDULE, BROKER)."""
+        return cause in self._whys
+
+    def mark_unready(self, why: str, cause: str = SCHEDULE) -> None:
+        """Say to every replica that this one cannot lead now (:meth:`keep_mark` writes it); ``why`` cut to MAX_WHY.
+
+        Each ``cause`` is cleared on its own (:meth:`mark_ready`): a schedule
+        that loads says nothing about the broker, nor a broker that answers
+        about the schedule.
+        """
+        with self._whys_lock:
+            self._whys = {**self._whys, cause: cap_why(why)}  # rebound, not changed: other threads may read it
+
+    def mark_ready(self, cause: str = SCHEDULE) -> None:
+        """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it."""
+        with self._whys_lock:
+            self._whys = {key: why for key, why in self._whys.items() if key != cause}
+            if self._whys:
+                return
+            self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
 
     def keep_mark(self) -> None:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
@@ -494,7 +536,7 @@ class FairShare:
         if move is not None:
             self._moved_at = now
             if move.lead:
-                self._handed[move.shard] = (lines[move.shard][1], now)
+                self._handed[move.shard] = (lines[move.shard][1], now, False)
             elif self.unready_why is not None:
                 mine = self._sequences.get(move.shard, {}).get(self.me, -1)
                 self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
@@ -516,7 +558,7 @@ class FairShare:
         cannot = self._unready_now() | self._failed_now(now)
         successor = ready_successor(lines.get(shard, ()), self.me, cannot, listed=self.me in self._unready)
         if successor is not None:
-            self._handed[shard] = (successor, now)
+            self._handed[shard] = (successor, now, False)
         return successor
 
     def _failed_now(self, now: float) -> set[str]:
@@ -552,22 +594,30 @@ class FairShare:
         self._gave_way = {replica: until for replica, until in self._gave_way.items() if until > now}
 
     def _note_lost_handovers(self, lines: Mapping[int, Sequence[str]], now: float) -> None:
-        """A replica out of the line of a shard this one handed it, and in others' lines: hand it no other for a while.
+        """A replica that lost a shard this one handed it, and is in line still or again: hand it no other for a while.
 
         Read from lines that stood still for SETTLE_TIME and changed since the
-        handover: it stepped out of that line and stays out (its schedule did
-        not load, it refused to lead, its loop stalled); a step-down on request
-        joins the line again at once, a replica that stopped is in no line.
+        handover. Out of that line and in others' lines: it stepped out and
+        stays out (its schedule did not load, it refused to lead). In no line:
+        it stopped, or its loop stalled (the watchdog holds it out of every
+        line until the loop turns again), which tells only its return: seen
+        in a line again (within FAILED_TARGET_TIME of the handover), it lost
+        the shard too. A step-down on request, or a fair-share move of its
+        own, joins the line again at once and is never seen out of it.
         Handing it the next shard would move that shard to a replica that
         cannot lead it, again and again.
         """
-        for shard, (target, at) in list(self._handed.items()):
+        for shard, (target, at, away) in list(self._handed.items()):
             if now - at > FAILED_TARGET_TIME:
                 del self._handed[shard]
-            elif self._since > at and target not in lines.get(shard, ()):
-                del self._handed[shard]
-                if any(target in line for line in lines.values()):
-                    self._failed[target] = now + FAILED_TARGET_TIME
+                continue
+            if self._since <= at or (not away and target in lines.get(shard, ())):
+                continue
+            if not any(target in line for line in lines.values()):
+                self._handed[shard] = (target, at, True)  # stopped, or stalled: told when it comes back
+                continue
+            del self._handed[shard]
+            self._failed[target] = now + FAILED_TARGET_TIME
         self._failed = {replica: until for replica, until in self._failed.items() if until > now}
 
     def next_look(self) -> float:

@@ -174,7 +174,10 @@ class HeapPass:
             heapq.heappop(heap)
             is_due, next_time, own_clock = self.ask(entry)
             asked = monotonic() if own_clock else None  # see _push
-            wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
+            try:
+                wait = self.jitter.wait(entry, self.pass_clock.now()) if is_due else 0.0
+            except Exception:  # noqa: BLE001 - options it cannot read (a list): the term's plan logs it and leaves it out
+                wait = 0.0
             if wait > 0:
                 later.append(Requeue(entry, event[1], wait))  # due, but its jittered moment is still ahead
             elif is_due:
@@ -188,14 +191,16 @@ class HeapPass:
 
         The delays were worked out when the pass looked at the heap; counted
         from the end of a batch that took seconds to send, each entry would
-        come due that much late, and later again every round.
+        come due that much late, and later again every round. A host's own
+        ``_when`` (a subclass's: its heap may count on a clock of its own)
+        places every entry, as in :meth:`_when_safe` and :meth:`heap_time`.
         """
         heap = self._heap
         if heap is None:
             return  # rebuilt from the schedule at the next pass
-        clock = self.pass_clock
+        clock = None if type(self)._when is not beat.Scheduler._when else self.pass_clock
         for item in requeue:
-            delay = item.delay if isinstance(item.delay, (int, float)) else self.max_interval
+            delay = _wait(item.delay, self.max_interval)
             if delay != delay:  # NaN (a custom schedule's next look): no time is past it, the entry would sink
                 delay = self.max_interval
             if item.asked is not None:
@@ -207,20 +212,20 @@ class HeapPass:
                 # clock read per entry: 10,000 rows' clock each pass); otherwise the entry's clock is read
                 # now, less the time since, counted up to that very read (each entry's own clock is read
                 # in turn: counted to the start of this put-back, the later ones would be placed late).
-                when = clock.when_from(item.entry, self.adjust(delay), item.asked)
+                when = None if clock is None else clock.when_from(item.entry, self.adjust(delay), item.asked)
                 if when is None:
                     when = self._when_real(item.entry, delay)
                     when -= max(0.0, time.monotonic() - item.asked)
             else:
-                when = clock.when(item.entry, self.adjust(delay)) if since is not None else None
+                when = None if clock is None or since is None else clock.when(item.entry, self.adjust(delay))
                 if when is None:  # the entry's own clock, read now: less the time since the pass looked
                     when = self._when_safe(item.entry, delay)
                     when -= 0.0 if since is None else max(0.0, time.monotonic() - since)
             heapq.heappush(heap, beat.event_t(when, item.priority, item.entry))
 
     def ask(self, entry: beat.ScheduleEntry) -> Answer:
-        """``entry.is_due()``, and whether its own clock answered; an entry whose schedule raises is logged once and
-        left out.
+        """``entry.is_due()``, and whether its own clock answered; an entry whose schedule raises (or answers a due
+        that is no truth value) is logged once and left out.
 
         It is asked again every ``max_interval`` (a fixed row or a clock that
         moved on may cure it), and logged again only when its error changes.
@@ -228,7 +233,9 @@ class HeapPass:
         no time left (0, less, NaN: a custom schedule's answer) is asked again
         after RETRY_DELAY, not at once in every pass. Before Celery
         5.5 a crontab's wait ends at its slot, not an hour past it across the
-        spring-forward jump (ticks.delay_to_slot).
+        spring-forward jump (ticks.delay_to_slot). A wait that is no int or
+        float, or past any float (None, a Decimal, 10**400), is beat's max
+        interval: the term and the heap count only in floats.
         """
         own_clock = True
         try:
@@ -244,6 +251,9 @@ class HeapPass:
                 finally:
                     self._from_reading = None
             is_due, next_time = answer
+            # Its truth test is the schedule's too: an answer that cannot say (numpy's array of several, a
+            # __bool__ that raises) would raise below, out of the pass, and in every pass after.
+            is_due = bool(is_due)
         except Exception as exc:  # noqa: BLE001 - one broken entry must not stop the rest
             self.leave_out(entry, exc, "schedule")
             return Answer(False, self.max_interval, own_clock)
@@ -254,7 +264,7 @@ class HeapPass:
             # Not due with no time left (a custom schedule's 0, less, NaN): placed at once, it would be popped and
             # asked in every pass, each returning 0 (beat's loop spinning). Asked again after RETRY_DELAY instead.
             return Answer(False, min(RETRY_DELAY, self.max_interval), own_clock)
-        return Answer(is_due, delay_to_slot(entry, is_due, next_time), own_clock)
+        return Answer(is_due, delay_to_slot(entry, is_due, _wait(next_time, self.max_interval)), own_clock)
 
     def answered_from_reading(self, entry: beat.ScheduleEntry) -> None:
         """The host's ``is_due`` answers ``entry`` from the pass's reading, not its own clock (see :meth:`ask`)."""
@@ -264,9 +274,13 @@ class HeapPass:
         """Log (once per distinct error) that ``entry`` cannot run now; the caller leaves it out.
 
         Its schedule raised, its clock raised, or its name cannot be a znode.
-        It is tried again every ``max_interval``.
+        It is tried again every ``max_interval``. An error whose repr raises
+        too (it holds an object that cannot print) is named by its class.
         """
-        text = repr(exc)
+        try:
+            text = repr(exc)
+        except Exception:  # noqa: BLE001 - raised here, it would end the pass that is leaving the entry out
+            text = f"{type(exc).__name__} (its repr raised)"
         if self._broken.get((entry.name, what)) == text:
             return
         self._broken[(entry.name, what)] = text
@@ -313,17 +327,44 @@ class HeapPass:
     def _when_real(self, entry: beat.ScheduleEntry, delay: float) -> float:
         """Celery's ``_when`` on the entry's own clock, read now (not the pass's reading)."""
         try:
-            return self._when(entry, delay) or 0
+            return _heap_float(self._when(entry, delay))
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) or its wait failed
-            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+            return time.time() + _wait(delay, self.max_interval)
 
     def _when_safe(self, entry: beat.ScheduleEntry, delay: float) -> float:
         """Celery's ``_when`` (the heap's timestamp); now plus the delay if the entry cannot say."""
         try:
             when = self.pass_clock.when(entry, self.adjust(delay)) if type(self)._when is beat.Scheduler._when else None
-            return (self._when(entry, delay) or 0) if when is None else when
+            return _heap_float(self._when(entry, delay)) if when is None else when
         except Exception:  # noqa: BLE001 - the entry's own clock (its nowfun, its zone) failed
-            return time.time() + (delay if isinstance(delay, (int, float)) else self.max_interval)
+            return time.time() + _wait(delay, self.max_interval)
+
+
+def _heap_float(when: Any) -> float:
+    """A ``_when`` answer as a heap time: a float (None is 0, as Celery takes it); raises for one that is no time.
+
+    A host's own ``_when`` may answer a Decimal, or NaN: beside the pass's
+    floats on one heap, the one raised at every subtraction, the other sank
+    below every entry (no time is past NaN).
+    """
+    when = float(when or 0)
+    if when != when:
+        raise ValueError("a heap time that is NaN")
+    return when
+
+
+def _wait(seconds: Any, default: float) -> float:
+    """A wait in seconds as a float: an int or a float (NaN too: its callers place it); anything else ``default``.
+
+    None, a Decimal (whose NaN refuses ``<``), an int past any float
+    (10**400, which the heap's arithmetic refuses): no wait to count.
+    """
+    if isinstance(seconds, (int, float)):
+        try:
+            return float(seconds)
+        except OverflowError:
+            pass
+    return default
 
 
 def _time_left(seconds: Any) -> bool:

@@ -30,11 +30,12 @@ from ..coordination.broker_handover import BrokerHandover
 from ..coordination.election import LeaderElection, events
 from ..coordination.liveness import Beacon, Watcher, default_host
 from ..coordination.peers import LAYOUT, PeerCheck, schedule_hash
-from ..coordination.shards import REPLICA_KEY, FairShare, election_path, handover_path, unready_path
+from ..coordination.shards import BROKER, REPLICA_KEY, FairShare, election_path, handover_path, unready_path
 from ..exceptions import ConfigurationError
 from ..ledger.store import Ledger
 from .broker import load_transport
 from .broker import probe as probe_broker
+from .leadership import ZOOKEEPER_ERRORS
 from .term import SIGNAL_HOLD_LIMIT
 from .wakeup import Wakeup
 from .watchdog import Watchdog
@@ -195,7 +196,7 @@ class Replica:
                 self._probe_broker,
                 settings.broker_handover_timeout,
                 settings.identity,
-                on_handed_over=self.metrics.broker_handover,
+                on_handed_over=self._handed_over_for_the_broker,
             ).start()
             self.election.add_predecessor_listener(self.broker_handover.follow)
 
@@ -218,6 +219,24 @@ class Replica:
             return None
         logger.info("zkbeat: liveness socket on %s:%s", beacon.host, beacon.port)
         return beacon
+
+    def _handed_over_for_the_broker(self) -> None:
+        """A shard's broker handover gave its leadership away (on that handover's thread): counted, and with
+        shards this replica marked unready until the broker answers its probe (zkbeat.leading.sharded).
+
+        The mark is written here, at once: written by beat's loop, it could come after a pass that waits
+        for the broker in each shard still led here, and the replica that took the shard, now above its
+        share, hands one back once the lines stood still for SETTLE_TIME.
+        """
+        self.metrics.broker_handover()
+        fair_share = self._fair_share
+        if fair_share is None:
+            return
+        fair_share.mark_unready("it cannot reach the broker (it handed a shard over for that)", BROKER)
+        try:
+            fair_share.keep_mark()
+        except ZOOKEEPER_ERRORS as exc:  # beat's loop writes it at its next pass
+            logger.debug("zkbeat: could not write this replica's unready mark: %r", exc)
 
     def _probe_broker(self) -> Exception | None:
         """Whether this replica reaches the broker now, on a connection of its own (broker_handover)."""
@@ -279,11 +298,13 @@ class Replica:
         if self.watchdog is not None:
             self.watchdog.close()
         for shard in self._shards:
-            if shard.watcher is not None:
-                shard.watcher.close()
-        for shard in self._shards:
             if shard.election is not None:
                 shard.election.close(self._stop_reason)
+        for shard in self._shards:
+            if shard.watcher is not None:
+                # After the candidates are gone: a watch dialing a predecessor that does not answer is waited
+                # for (up to DIAL_TIMEOUT each), and the shards this replica led must not wait with it.
+                shard.watcher.close()
         for shard in self._shards:
             if shard.broker_handover is not None:
                 # After the candidate is gone: a probe in flight must not delay the handover.

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 from kazoo.protocol.states import KazooState
 
-from ..coordination.shards import FairShare, entry_shard
+from ..coordination.shards import BROKER, SCHEDULE, FairShare, entry_shard
 from ..exceptions import ConfigurationError
 from .leadership import ZOOKEEPER_ERRORS
 from .shard_state import ShardState
@@ -101,7 +101,7 @@ class ShardedLoop:
         self._fair_share_pass()
         if fair_share is not None:
             wait = min(wait, fair_share.next_look())  # a move held off until the lines stood still: not a sleep
-            if fair_share.unready_why is not None:  # wake to ask again whether the schedule can be read
+            if fair_share.unready_why is not None:  # wake to ask again whether it can lead (schedule, broker)
                 # (_probe_readiness ran in this pass: the next ask is ahead; never a wait of 0, never a hot loop.)
                 wait = min(wait, max(self._ready_probe_at - time.monotonic(), 0.1))
         if wait <= 0 or not self.wait_in_tick:
@@ -174,10 +174,13 @@ class ShardedLoop:
         return True
 
     def _probe_readiness(self, fair_share: FairShare) -> None:
-        """While marked unready: ask the host every READY_PROBE whether its schedule can be read; if so, unmark.
+        """While marked unready: ask every READY_PROBE whether what keeps it from leading is over; if so, unmark.
 
-        Once unmarked, the fair share hands this replica its share again; if
-        its schedule then does not load as leader, it is marked again.
+        The host, whether its schedule can be read (``schedule_readable``);
+        the broker, on a connection of its own, whether it answers (a replica
+        that handed a shard over for it). Once unmarked, the fair share hands
+        this replica its share again; if its schedule then does not load as
+        leader, or it hands a shard over for the broker again, it is marked again.
         """
         if fair_share.unready_why is None:
             self._ready_probe_at = 0.0
@@ -188,18 +191,30 @@ class ShardedLoop:
         if now < self._ready_probe_at:
             return
         self._ready_probe_at = now + READY_PROBE
+        over = []
+        if fair_share.unready_for(SCHEDULE) and self._ready(self.schedule_readable, "schedule_readable()"):
+            fair_share.mark_ready(SCHEDULE)
+            over.append("the schedule can be read again")
+        if fair_share.unready_for(BROKER) and self._ready(lambda: self._probe_broker() is None, "the broker probe"):
+            fair_share.mark_ready(BROKER)
+            over.append("the broker can be reached again")
+        if over:
+            still = fair_share.unready_why
+            logger.info(
+                "zkbeat: %s (%s); %s",
+                " and ".join(over),
+                self.zk_settings.identity,
+                "ready to lead, the fair share may hand shards here" if still is None else f"still not ready: {still}",
+            )
+
+    def _ready(self, probe: Callable[[], bool], what: str) -> bool:
+        """One readiness probe's answer; one that raises is a no, asked again later."""
         try:
             with self.leader_pass():  # a probe that hangs holds up the shards led here: the watchdog times it
-                readable = self.schedule_readable()
-        except Exception as exc:  # a host's probe that raises: not readable, asked again later
-            logger.debug("zkbeat: schedule_readable() raised %r", exc)
-            readable = False
-        if readable:
-            logger.info(
-                "zkbeat: the schedule can be read again (%s); ready to lead, the fair share may hand shards here",
-                self.zk_settings.identity,
-            )
-            fair_share.mark_ready()
+                return probe()
+        except Exception as exc:  # noqa: BLE001 - a host's probe that raises: not ready
+            logger.debug("zkbeat: %s raised %r", what, exc)
+            return False
 
     @contextlib.contextmanager
     def _shard_pass(self, shard: ShardState) -> Iterator[None]:
