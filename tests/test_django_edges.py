@@ -1,9 +1,10 @@
 """zkbeat.DatabaseScheduler at the edges of a row's identity: an edit the leader sees only half of, rows whose
-times come from an admin host whose clock is off, rows that trade names, a paused row renamed.
+times come from an admin host whose clock is off, rows that trade names, a paused row renamed; and rows the
+database will not update, or that have no name.
 
 The ledger knows a task by its name and by a clock (its last run); the database knows a row by its id, stamped
-with the admin host's clock (``date_changed``). Each test here is a case where the two disagree. Real PostgreSQL,
-ZooKeeper and Redis; the leader in this process unless the test kills one.
+with the admin host's clock (``date_changed``). Most tests here are a case where the two disagree. Real
+PostgreSQL, ZooKeeper and Redis; the leader in this process unless the test kills one.
 """
 
 from __future__ import annotations
