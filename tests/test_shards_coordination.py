@@ -262,3 +262,33 @@ def test_a_stopping_replica_hands_its_shards_over_before_it_waits_for_its_livene
         )
     finally:
         silent.close()
+
+
+def test_a_broker_handover_during_a_readiness_probe_keeps_its_mark(make_scheduler, zk_root: str) -> None:
+    """A replica marked unready for the broker probes it from beat's loop every READY_PROBE; while that probe is
+    under way (it got through), another shard's broker handover, on its own thread, hands that shard over for
+    the broker (its own probe failed: the route broke again) and marks the replica again. The probe's answer
+    is older than that handover's: it must not clear the mark the handover just wrote, or the replica that took
+    the shard, now above its share, hands it a shard back that it cannot publish either."""
+    replica = make_scheduler({}, identity="flapping", zkbeat_shards=2, zkbeat_broker_handover_timeout=1.0)
+    lead_every_shard(replica)
+    fair_share = replica._fair_share
+    replica._handed_over_for_the_broker()  # its first handover for the broker
+    assert fair_share.unready_for(BROKER)
+    probe = replica._probe_broker
+
+    def probe_while_another_shard_hands_over():
+        answer = probe()  # the real broker answers: the route is back, for now
+        handover = threading.Thread(target=replica._handed_over_for_the_broker)  # the route broke again
+        handover.start()
+        handover.join()
+        return answer
+
+    replica._probe_broker = probe_while_another_shard_hands_over
+    replica._ready_probe_at = 1.0  # the next ask is due
+    replica._probe_readiness(fair_share)
+    assert fair_share.unready_for(BROKER), "a probe begun before a broker handover cleared the mark that handover wrote"
+    replica._probe_broker = probe
+    replica._ready_probe_at = 1.0
+    replica._probe_readiness(fair_share)  # a probe begun after it, that gets through, clears it
+    assert not fair_share.unready_for(BROKER)

@@ -365,6 +365,8 @@ class FairShare:
         self._unready: frozenset[str] = frozenset()
         #: Why this replica cannot lead now, by cause (SCHEDULE, BROKER): marked while any holds.
         self._whys: dict[str, str] = {}
+        #: Cause -> how many times it was marked: a probe's answer clears only the marks made before it began.
+        self._marked: dict[str, int] = {}
         self._whys_lock = threading.Lock()  # marked by a broker handover's thread, unmarked by beat's
         self._unreadable_said = False
         self._denied_said = False
@@ -472,14 +474,27 @@ class FairShare:
         """
         with self._whys_lock:
             self._whys = {**self._whys, cause: cap_why(why)}  # rebound, not changed: other threads may read it
+            self._marked = {**self._marked, cause: self._marked.get(cause, 0) + 1}
 
-    def mark_ready(self, cause: str = SCHEDULE) -> None:
-        """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it."""
+    def marks(self, cause: str) -> int:
+        """How many times ``cause`` was marked so far: taken before a probe, given to :meth:`mark_ready` after it."""
+        return self._marked.get(cause, 0)
+
+    def mark_ready(self, cause: str = SCHEDULE, marks: int | None = None) -> bool:
+        """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it.
+
+        ``marks``: :meth:`marks` as it was when the probe that found the
+        cause over began. A mark made since (a broker handover on its own
+        thread, while the probe was under way) is newer than that answer and
+        stays: False. True when ``cause`` no longer holds.
+        """
         with self._whys_lock:
+            if marks is not None and self._marked.get(cause, 0) != marks:
+                return False
             self._whys = {key: why for key, why in self._whys.items() if key != cause}
-            if self._whys:
-                return
-            self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+            if not self._whys:
+                self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+            return True
 
     def keep_mark(self) -> None:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
