@@ -292,3 +292,54 @@ def test_a_broker_handover_during_a_readiness_probe_keeps_its_mark(make_schedule
     replica._ready_probe_at = 1.0
     replica._probe_readiness(fair_share)  # a probe begun after it, that gets through, clears it
     assert not fair_share.unready_for(BROKER)
+
+
+def test_a_replica_that_passed_a_broker_question_on_is_not_handed_a_shard_while_cut_off(
+    make_scheduler, monkeypatch, zk_root: str, redis_server: RedisServer
+) -> None:
+    """Three replicas, two shards; the first two cannot reach the broker. The first leads both shards; in each
+    line the second is next and passes its question on (its own probe fails), and the third answers. The
+    handover deletes the first's candidate and the second's (between them), and both queue again. The first
+    marks itself unready for the broker; the second, which knows as much (its probe failed), must too: else
+    the third, leading both shards above its share, hands it one, left unpublished for another handover
+    timeout until it hands that back in turn."""
+    monkeypatch.setattr(shards_module, "SETTLE_TIME", 1000.0)  # no fair-share move before the handovers
+    entries = {name: every(1, n) for n, name in enumerate(names_in_every_shard(zk_root, 2, per_shard=2))}
+    settings = {"zkbeat_shards": 2, "zkbeat_broker_handover_timeout": 1.0, "beat_max_loop_interval": 0.2}
+    with TcpProxy(redis_server.port) as route_a, TcpProxy(redis_server.port) as route_m:
+        route_a.reset()
+        route_m.reset()
+        first = make_scheduler(entries, identity="first", broker_url=f"redis://{route_a.hosts}/0", **settings)
+        lead_every_shard(first)
+        between = make_scheduler(entries, identity="between", broker_url=f"redis://{route_m.hosts}/0", **settings)
+        wait_for(lambda: all(s.election.predecessor is not None for s in between._shards), timeout=15)
+        good = make_scheduler(entries, identity="good", **settings)
+        terms = count_terms(between)
+        handed: list[int] = []
+        for shard in first._shards:
+            handover = shard.broker_handover
+            handover._on_handed_over = lambda told=handover._on_handed_over: (handed.append(1), told())
+        decisions = []  # the healthy replica's decisions once both handovers are done
+        decide = good._fair_share.decide
+
+        def counting_decide():
+            move = decide()
+            if len(handed) >= 2:
+                decisions.append(move)
+            return move
+
+        good._fair_share.decide = counting_decide
+        with Loop(first), Loop(between), Loop(good):
+            wait_for(lambda: len(handed) >= 2, timeout=60, message="the first replica never handed both shards over")
+            monkeypatch.setattr(shards_module, "SETTLE_TIME", 0.2)  # the fair share acts soon on what it sees
+            wait_for(
+                lambda: terms or len([m for m in decisions if m is None]) >= 50,
+                timeout=60,
+                message=lambda: f"the healthy replica made no decisions after the handovers: {decisions}",
+            )
+            assert not terms, (
+                f"a shard was handed to the replica that passed the question on, cut off from the broker: terms "
+                f"{terms}, moves {[m for m in decisions if m is not None]}, unready {good._fair_share.unready()}"
+            )
+            route_m.heal()  # its probe gets through: the mark goes, and the fair share hands it its share
+            wait_for(lambda: terms, timeout=60, message="the replica whose route is back never got its share")

@@ -69,7 +69,9 @@ every line, and the broker handover brought it behind the replica that
 took the shard, so without the mark that replica, now above its share,
 would hand it a shard back within seconds, and it would hand that one
 back after ``zkbeat_broker_handover_timeout``, again and again, each time
-leaving the shard unpublished for the timeout.
+leaving the shard unpublished for the timeout. The replicas between it and
+the one that took the shard, which passed the question on (their own probes
+failed) and queue again with it, mark themselves the same way.
 """
 
 from __future__ import annotations
