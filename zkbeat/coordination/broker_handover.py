@@ -48,6 +48,8 @@ that probe gets through                          answers (a znode under handover
 that probe fails                                 passes the question on in its own data (INFO,
                                                  once per outage)
 following, the question is gone                  removes what it passed on and its answer
+following, the candidate that passed the         tells ``on_passed_over`` (a handover deleted it
+question on is gone                              with the leader's: it queues again, cut off)
 ==============================================  ===========================================
 
 In a real broker outage every probe fails: the question travels down the
@@ -137,6 +139,11 @@ class BrokerHandover:
     Both only set state and wake the thread: every probe and ZooKeeper call
     is made on it. ``probe()`` returns None when the broker answers, else
     the error; ``answers`` is the znode under which followers answer.
+    ``on_handed_over`` is called (on this thread) when this leader handed
+    its leadership over; ``on_passed_over`` when this follower's candidate
+    that passed a question on (its own probe failed) is gone: a handover
+    deletes the candidates between the leader and the replica that
+    answered, and that one queues again as cut off as the leader was.
     """
 
     def __init__(
@@ -149,6 +156,7 @@ class BrokerHandover:
         identity: str,
         *,
         on_handed_over: Callable[[], None] | None = None,
+        on_passed_over: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -158,6 +166,7 @@ class BrokerHandover:
         self.identity = identity
         self._probe = probe
         self._on_handed_over = on_handed_over
+        self._on_passed_over = on_passed_over
         self._clock = clock
         self._wake = threading.Event()
         self._closed = False
@@ -453,6 +462,7 @@ class BrokerHandover:
         mine = self.election.candidate
         if self._passed_on is not None and self._passed_on != mine:
             self._passed_on = None  # that candidate is gone, and its data with it
+            self._passed_over()
         question, version = self._question_of(predecessor)
         if question is None or predecessor is None or version is None:
             self._withdraw(mine)
@@ -523,7 +533,13 @@ class BrokerHandover:
         if self._passed_on is None or self._passed_on != mine:
             return
         passed, self._passed_on = self._passed_on, None
-        self.election.annotate(None, candidate=passed)
+        if not self.election.annotate(None, candidate=passed):
+            self._passed_over()  # gone with the question: a handover deleted it with the leader's candidate
+
+    def _passed_over(self) -> None:
+        """Our candidate that passed a question on (our probe failed) is gone: we queue again, cut off."""
+        if self._on_passed_over is not None and not self._closed:
+            self._on_passed_over()
 
     def _delete_answer(self) -> None:
         if self._answer is None:

@@ -39,12 +39,13 @@ anything else                                   nothing
 
 A replica that stepped out of the line of a shard this one handed it, and
 stays out (its schedule did not load, it refused to lead), or that left
-every line and came back (its loop stalled: the watchdog holds it out of
-every line until the loop turns again; or its session ended), is no longer
-below its share for this one's moves for FAILED_TARGET_TIME: each handover
-to it would leave a shard unpublished until it steps aside again. One that
-left every line and does not come back stopped (a new process is a new
-replica id).
+every line and came back under the same session (its loop stalled: the
+watchdog holds it out of every line until the loop turns again), is no
+longer below its share for this one's moves for FAILED_TARGET_TIME: each
+handover to it would leave a shard unpublished until it steps aside again.
+One that left every line and does not come back stopped (a new process is
+a new replica id); one back under another session lost its session (a
+partition, a paused process), not its loop, and gets its share again.
 
 A replica that knows it cannot lead now (its schedule did not load as
 leader: a database it cannot read) says so to every replica, not only to
@@ -68,7 +69,9 @@ every line, and the broker handover brought it behind the replica that
 took the shard, so without the mark that replica, now above its share,
 would hand it a shard back within seconds, and it would hand that one
 back after ``zkbeat_broker_handover_timeout``, again and again, each time
-leaving the shard unpublished for the timeout.
+leaving the shard unpublished for the timeout. The replicas between it and
+the one that took the shard, which passed the question on (their own probes
+failed) and queue again with it, mark themselves the same way.
 """
 
 from __future__ import annotations
@@ -364,6 +367,8 @@ class FairShare:
         self._unready: frozenset[str] = frozenset()
         #: Why this replica cannot lead now, by cause (SCHEDULE, BROKER): marked while any holds.
         self._whys: dict[str, str] = {}
+        #: Cause -> how many times it was marked: a probe's answer clears only the marks made before it began.
+        self._marked: dict[str, int] = {}
         self._whys_lock = threading.Lock()  # marked by a broker handover's thread, unmarked by beat's
         self._unreadable_said = False
         self._denied_said = False
@@ -377,12 +382,15 @@ class FairShare:
         self._on_change_hook = on_change
         #: Watch events seen (kazoo's thread counts them): a change since a caller looked wakes it.
         self.changes = 0
-        #: Shard -> (the replica this one handed it to, when, whether it was seen in no line since).
-        self._handed: dict[int, tuple[str, float, bool]] = {}
+        #: Shard -> (the replica this one handed it to, when, whether it was seen in no line since, its session
+        #: then: a return under another one is a session that ended, not a loop that stalled).
+        self._handed: dict[int, tuple[str, float, bool, int | None]] = {}
         #: Replica -> until when no shard is handed to it (it lost one it was handed; FAILED_TARGET_TIME).
         self._failed: dict[str, float] = {}
         #: Shard -> replica -> the sequence of its candidate there, as last read.
         self._sequences: dict[int, dict[str, int]] = {}
+        #: Replica -> the ZooKeeper session that owns its candidates (their ephemeralOwner), as last read.
+        self._sessions: dict[str, int] = {}
         #: While unready: shard -> (this one's candidate's sequence when it stepped back there, the replicas it
         #: stepped back behind).
         self._passed: dict[int, tuple[int, frozenset[str]]] = {}
@@ -401,12 +409,14 @@ class FairShare:
             self._changed.clear()
             lines = {}
             sequences = {}
+            sessions = {}
             try:
                 for shard, reader in enumerate(self._readers):
                     line = reader.read(watch=self._on_change)
                     kept = [c for c in line.candidates if isinstance(c.data.get(REPLICA_KEY), str)]
                     lines[shard] = tuple(str(c.data[REPLICA_KEY]) for c in kept)
                     sequences[shard] = {str(c.data[REPLICA_KEY]): c.sequence for c in kept}
+                    sessions.update((str(c.data[REPLICA_KEY]), c.owner) for c in kept)
                 unready = self._read_unready()  # in the guard too: a cut listing is read again, lines and all
                 # A child naming no replica in line counts for nobody: a stranger's churn there is no change.
                 listed = {replica for line in lines.values() for replica in line} | {self.me}
@@ -417,6 +427,7 @@ class FairShare:
             if not all(lines.values()):
                 self._changed.set()  # an election not made yet sets no watch: read again at the next pass
             self._sequences = sequences
+            self._sessions = sessions
             if lines != self._lines or unready != self._unready:
                 self._lines, self._unready = lines, unready
                 self._since = self._clock()
@@ -465,14 +476,27 @@ class FairShare:
         """
         with self._whys_lock:
             self._whys = {**self._whys, cause: cap_why(why)}  # rebound, not changed: other threads may read it
+            self._marked = {**self._marked, cause: self._marked.get(cause, 0) + 1}
 
-    def mark_ready(self, cause: str = SCHEDULE) -> None:
-        """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it."""
+    def marks(self, cause: str) -> int:
+        """How many times ``cause`` was marked so far: taken before a probe, given to :meth:`mark_ready` after it."""
+        return self._marked.get(cause, 0)
+
+    def mark_ready(self, cause: str = SCHEDULE, marks: int | None = None) -> bool:
+        """``cause`` no longer keeps this replica from leading; with none left, :meth:`keep_mark` unmarks it.
+
+        ``marks``: :meth:`marks` as it was when the probe that found the
+        cause over began. A mark made since (a broker handover on its own
+        thread, while the probe was under way) is newer than that answer and
+        stays: False. True when ``cause`` no longer holds.
+        """
         with self._whys_lock:
+            if marks is not None and self._marked.get(cause, 0) != marks:
+                return False
             self._whys = {key: why for key, why in self._whys.items() if key != cause}
-            if self._whys:
-                return
-            self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+            if not self._whys:
+                self._passed, self._gave_way = {}, {}  # rebound, not cleared: beat's thread may be reading them
+            return True
 
     def keep_mark(self) -> None:
         """Make this replica's mark in ZooKeeper what it should be, as the listing last read shows it.
@@ -536,7 +560,8 @@ class FairShare:
         if move is not None:
             self._moved_at = now
             if move.lead:
-                self._handed[move.shard] = (lines[move.shard][1], now, False)
+                target = lines[move.shard][1]
+                self._handed[move.shard] = (target, now, False, self._sessions.get(target))
             elif self.unready_why is not None:
                 mine = self._sequences.get(move.shard, {}).get(self.me, -1)
                 self._passed[move.shard] = (mine, frozenset(lines[move.shard][2:]))
@@ -558,7 +583,7 @@ class FairShare:
         cannot = self._unready_now() | self._failed_now(now)
         successor = ready_successor(lines.get(shard, ()), self.me, cannot, listed=self.me in self._unready)
         if successor is not None:
-            self._handed[shard] = (successor, now, False)
+            self._handed[shard] = (successor, now, False, self._sessions.get(successor))
         return successor
 
     def _failed_now(self, now: float) -> set[str]:
@@ -600,23 +625,29 @@ class FairShare:
         handover. Out of that line and in others' lines: it stepped out and
         stays out (its schedule did not load, it refused to lead). In no line:
         it stopped, or its loop stalled (the watchdog holds it out of every
-        line until the loop turns again), which tells only its return: seen
-        in a line again (within FAILED_TARGET_TIME of the handover), it lost
-        the shard too. A step-down on request, or a fair-share move of its
-        own, joins the line again at once and is never seen out of it.
+        line until the loop turns again, under the same session), which
+        tells only its return: seen in a line again (within FAILED_TARGET_TIME
+        of the handover) under that session, it lost the shard too. Under
+        another session, its session ended (a partition, a paused process):
+        that says nothing of its loop, and holding it against the replica
+        would keep this one above its share for FAILED_TARGET_TIME. A
+        step-down on request, or a fair-share move of its own, joins the line
+        again at once and is never seen out of it.
         Handing it the next shard would move that shard to a replica that
         cannot lead it, again and again.
         """
-        for shard, (target, at, away) in list(self._handed.items()):
+        for shard, (target, at, away, session) in list(self._handed.items()):
             if now - at > FAILED_TARGET_TIME:
                 del self._handed[shard]
                 continue
             if self._since <= at or (not away and target in lines.get(shard, ())):
                 continue
             if not any(target in line for line in lines.values()):
-                self._handed[shard] = (target, at, True)  # stopped, or stalled: told when it comes back
+                self._handed[shard] = (target, at, True, session)  # stopped, or stalled: told when it comes back
                 continue
             del self._handed[shard]
+            if away and self._sessions.get(target) != session:
+                continue  # back under a new session: its session ended, its loop did not stall
             self._failed[target] = now + FAILED_TARGET_TIME
         self._failed = {replica: until for replica, until in self._failed.items() if until > now}
 

@@ -197,6 +197,7 @@ class Replica:
                 settings.broker_handover_timeout,
                 settings.identity,
                 on_handed_over=self._handed_over_for_the_broker,
+                on_passed_over=self._passed_over_for_the_broker,
             ).start()
             self.election.add_predecessor_listener(self.broker_handover.follow)
 
@@ -229,10 +230,20 @@ class Replica:
         share, hands one back once the lines stood still for SETTLE_TIME.
         """
         self.metrics.broker_handover()
+        self._mark_cut_off("it cannot reach the broker (it handed a shard over for that)")
+
+    def _passed_over_for_the_broker(self) -> None:
+        """A shard's candidate of this replica that passed a leader's question on (its probe of the broker
+        failed) is gone, on that handover's thread: a broker handover deleted it with the leader's, and it
+        queues again as cut off as the leader that marked itself; marked the same way."""
+        self._mark_cut_off("it cannot reach the broker (its probe failed when a leader asked)")
+
+    def _mark_cut_off(self, why: str) -> None:
+        """With shards, mark this replica unready for the broker and write the mark now (see above)."""
         fair_share = self._fair_share
         if fair_share is None:
             return
-        fair_share.mark_unready("it cannot reach the broker (it handed a shard over for that)", BROKER)
+        fair_share.mark_unready(why, BROKER)
         try:
             fair_share.keep_mark()
         except ZOOKEEPER_ERRORS as exc:  # beat's loop writes it at its next pass

@@ -192,12 +192,16 @@ class ShardedLoop:
             return
         self._ready_probe_at = now + READY_PROBE
         over = []
+        # Each cause's marks are counted before its probe: one made while the probe runs (a broker handover's
+        # thread) is newer than the probe's answer, and stays.
+        marks = fair_share.marks(SCHEDULE)
         if fair_share.unready_for(SCHEDULE) and self._ready(self.schedule_readable, "schedule_readable()"):
-            fair_share.mark_ready(SCHEDULE)
-            over.append("the schedule can be read again")
+            if fair_share.mark_ready(SCHEDULE, marks):
+                over.append("the schedule can be read again")
+        marks = fair_share.marks(BROKER)
         if fair_share.unready_for(BROKER) and self._ready(lambda: self._probe_broker() is None, "the broker probe"):
-            fair_share.mark_ready(BROKER)
-            over.append("the broker can be reached again")
+            if fair_share.mark_ready(BROKER, marks):
+                over.append("the broker can be reached again")
         if over:
             still = fair_share.unready_why
             logger.info(
