@@ -96,20 +96,27 @@ def tick_until(scheduler, predicate, timeout: float = 15):
     return wait_for(lambda: scheduler.tick() is not None and predicate(), timeout=timeout)
 
 
+def left_out_while_the_rest_runs(scheduler, published: Published, caplog: pytest.LogCaptureFixture, name: str):
+    """Lead ``scheduler`` until "tidy" ran 5 times: ``name`` never ran, the leader never stepped down, and nothing
+    was logged as unexpected. Returns the lines that left ``name`` out (the callers count them)."""
+    lead(scheduler)
+    epoch = scheduler.election.epoch
+    with caplog.at_level(logging.INFO, logger="zkbeat"):
+        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
+    assert name not in published.entries()
+    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
+    assert not messages(caplog, "unexpected error")
+    return messages(caplog, f"leaving out {name!r}")
+
+
 def test_an_entry_whose_schedule_raises_is_left_out_without_celery_5_7(
     make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """On a Celery without Scheduler._is_due_failed (5.3 to 5.6), a raising entry is logged once and the rest runs."""
     monkeypatch.delattr(beat.Scheduler, "_is_due_failed", raising=False)
     scheduler = make_scheduler({"broken": raising(), "tidy": every(0.2)})
-    lead(scheduler)
-    epoch = scheduler.election.epoch
-    with caplog.at_level(logging.INFO, logger="zkbeat"):
-        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
-    assert "broken" not in published.entries()
-    assert len(messages(caplog, "leaving out 'broken'")) == 1, "logged once, not on every pass"
-    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
-    assert not messages(caplog, "unexpected error")
+    left_out = left_out_while_the_rest_runs(scheduler, published, caplog, "broken")
+    assert len(left_out) == 1, "logged once, not on every pass"
 
 
 @pytest.mark.parametrize("kind", [Ambiguous, NotABool], ids=["ambiguous", "not-a-bool"])
@@ -120,14 +127,8 @@ def test_an_entry_whose_is_due_answer_has_no_truth_value_is_left_out(
     once and left out, and the rest runs. It raised out of the leader's pass (the heap's build, in every pass): the
     leader stepped down, every replica in turn, and nothing ran."""
     scheduler = make_scheduler({"odd": {"task": "zkbeat.test", "schedule": OddAnswer(kind)}, "tidy": every(0.2)})
-    lead(scheduler)
-    epoch = scheduler.election.epoch
-    with caplog.at_level(logging.INFO, logger="zkbeat"):
-        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
-    assert "odd" not in published.entries()
-    assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
-    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
-    assert not messages(caplog, "unexpected error")
+    left_out = left_out_while_the_rest_runs(scheduler, published, caplog, "odd")
+    assert len(left_out) == 1, "logged once, not on every pass"
 
 
 @pytest.mark.parametrize("is_due", [False, True], ids=["not-due", "due"])
@@ -174,14 +175,8 @@ def test_an_entry_whose_options_are_no_mapping_is_left_out(
     every pass (the leader stepped down, every replica in turn, and nothing ran). The entry is logged once and left
     out where its tick is planned, and the rest runs."""
     scheduler = make_scheduler({"odd": every(0.2, options=["queue", "x"]), "tidy": every(0.2)})
-    lead(scheduler)
-    epoch = scheduler.election.epoch
-    with caplog.at_level(logging.INFO, logger="zkbeat"):
-        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
-    assert "odd" not in published.entries()
-    assert len(messages(caplog, "leaving out 'odd'")) == 1, "logged once, not on every pass"
-    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
-    assert not messages(caplog, "unexpected error")
+    left_out = left_out_while_the_rest_runs(scheduler, published, caplog, "odd")
+    assert len(left_out) == 1, "logged once, not on every pass"
 
 
 def test_an_entry_whose_schedule_raises_an_error_that_cannot_be_printed_is_left_out(
@@ -191,15 +186,8 @@ def test_an_entry_whose_schedule_raises_an_error_that_cannot_be_printed_is_left_
     pass (the leader stepped down, every replica in turn). It is logged by its class, once, and the rest runs."""
     broken = {"task": "zkbeat.test", "schedule": RaisingUnprintable(timedelta(seconds=0.2))}
     scheduler = make_scheduler({"broken": broken, "tidy": every(0.2)})
-    lead(scheduler)
-    epoch = scheduler.election.epoch
-    with caplog.at_level(logging.INFO, logger="zkbeat"):
-        tick_until(scheduler, lambda: published.entries().count("tidy") >= 5)
-    assert "broken" not in published.entries()
-    left_out = messages(caplog, "leaving out 'broken'")
+    left_out = left_out_while_the_rest_runs(scheduler, published, caplog, "broken")
     assert len(left_out) == 1 and "ValueError" in left_out[0], left_out
-    assert scheduler.election.epoch == epoch and scheduler.term is not None, "the leader never stepped down"
-    assert not messages(caplog, "unexpected error")
 
 
 def test_a_task_routed_to_a_missing_queue_is_dropped_not_taken_for_an_outage(
