@@ -25,6 +25,21 @@ from zkbeat.coordination.liveness import Announcement
 from zkbeat.coordination.shards import BROKER, REPLICA_KEY, SCHEDULE, FairShare, election_path
 
 
+def decisions_once(fair_share: FairShare, started) -> list:
+    """``fair_share``'s answers to decide() from the moment ``started()`` is true: the moves the tests read."""
+    decisions: list = []
+    decide = fair_share.decide
+
+    def counting_decide():
+        move = decide()
+        if started():
+            decisions.append(move)
+        return move
+
+    fair_share.decide = counting_decide
+    return decisions
+
+
 @pytest.fixture
 def route(redis_server: RedisServer) -> Iterator[TcpProxy]:
     """One replica's own route to the broker, which refuses every connection until healed."""
@@ -55,16 +70,8 @@ def test_a_replica_that_handed_a_shard_over_for_the_broker_is_not_handed_one_aga
         handover = shard.broker_handover
         handover._on_handed_over = lambda told=handover._on_handed_over: (handed.append(len(terms)), told())
 
-    decisions = []  # the healthy replica's decisions once the cut-off one handed a shard over
-    decide = good._fair_share.decide
-
-    def counting_decide():
-        move = decide()
-        if handed:
-            decisions.append(move)
-        return move
-
-    good._fair_share.decide = counting_decide
+    # The healthy replica's decisions once the cut-off one handed a shard over.
+    decisions = decisions_once(good._fair_share, lambda: bool(handed))
     with Loop(good), Loop(cut):
         wait_for(lambda: terms, timeout=30, message="the fair share never handed the cut-off replica a shard")
         wait_for(lambda: handed, timeout=60, message="the cut-off replica never handed its shard over")
@@ -128,16 +135,8 @@ def test_a_replica_whose_loop_stalled_in_a_shard_it_was_handed_is_not_handed_ano
     resume = stuck.watchdog._resume
     stuck.watchdog._resume = lambda: (turned.append(len(terms)), resume())
 
-    decisions = []  # the healthy replica's decisions once the stuck one's loop turned again
-    decide = good._fair_share.decide
-
-    def counting_decide():
-        move = decide()
-        if turned:
-            decisions.append(move)
-        return move
-
-    good._fair_share.decide = counting_decide
+    # The healthy replica's decisions once the stuck one's loop turned again.
+    decisions = decisions_once(good._fair_share, lambda: bool(turned))
     try:
         with Loop(good), Loop(stuck):
             wait_for(lambda: terms, timeout=30, message="the fair share never handed the stuck replica a shard")
@@ -172,17 +171,8 @@ def test_a_replica_handed_a_shard_whose_session_then_ended_gets_its_share_when_i
     with TcpProxy(zk_server.port) as link:
         blip = make_scheduler(entries, identity="blip", hosts=link.hosts, **settings)
         terms = count_terms(blip)
-        decisions = []  # the healthy replica's decisions once the other one is back in line
         back = threading.Event()
-        decide = good._fair_share.decide
-
-        def counting_decide():
-            move = decide()
-            if back.is_set():
-                decisions.append(move)
-            return move
-
-        good._fair_share.decide = counting_decide
+        decisions = decisions_once(good._fair_share, back.is_set)  # the healthy one's, once the other is back
         with Loop(good), Loop(blip):
             wait_for(lambda: terms, timeout=30, message="the fair share never handed the second replica a shard")
             session, password = blip.zk_client.client_id
