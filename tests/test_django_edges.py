@@ -324,6 +324,38 @@ def test_a_row_the_database_refuses_to_update_leaves_every_other_rows_run_times_
     assert not scheduler._refused_rows
 
 
+def test_one_refused_row_among_many_is_found_in_a_few_statements_not_one_a_row(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement that one refused row fails is written again in halves, down to that row: a sync of a
+    minute's thousands of rows after a constraint the row breaks takes a few statements more, not one per row
+    (on beat's loop, which the watchdog times)."""
+    import zkbeat.contrib.django as django_module
+    from tests.support.djangosupport import run_times
+
+    names = [f"row-{i:02d}" for i in range(64)]
+    for name in names:
+        interval_task(name, 1)
+    interval_task("refused", 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    statements: list[int] = []
+    write = django_module.write_run_times
+
+    def counting(model, runs, *args, **kwargs):
+        statements.append(len(runs))
+        return write(model, runs, *args, **kwargs)
+
+    with refused_updates("refused"):
+        pump(scheduler, lambda: {*names, "refused"} <= scheduler._dirty)
+        monkeypatch.setattr(django_module, "write_run_times", counting)
+        scheduler.sync()
+        assert all(run_times(name)[1] >= 1 for name in names), "every other row's run times are written"
+        assert run_times("refused") == (None, 0)
+        assert scheduler._refused_rows and len(scheduler._refused_rows) == 1
+    assert len(statements) <= 2 * 7 + 1, f"{len(statements)} statements for 65 rows: {statements}"
+
+
 def test_a_row_with_an_empty_name_is_left_out_and_the_rest_run(
     make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:

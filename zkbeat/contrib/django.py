@@ -954,38 +954,42 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
                 logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
                 return
             # One row the database refuses (a constraint it breaks, a trigger) fails the statement of every row
-            # with it: each is written alone, once, to tell which.
-            alone = runs
+            # with it: the rows are written in halves, and halves of the half that fails, to tell which.
+            split = [runs[: len(runs) // 2], runs[len(runs) // 2 :]] if len(runs) > 1 else [runs]
         else:
-            alone = [run for run in runs if run[0] in refused]
-        if alone and not self._write_alone(alone, names):
+            split = [[run] for run in runs if run[0] in refused]  # each refused row alone, once a sync
+        schedule = self.schedule
+        named = {schedule[name].model.pk: name for name in names if name in schedule}
+        if not all(self._write_halving(part, named) for part in split if part):
             return
         self._dirty.difference_update(names)
 
-    def _write_alone(self, runs: list[tuple[int, datetime, int]], names: set[str]) -> bool:
-        """Write these rows' run times one statement each; a row refused is named once and left for later syncs.
+    def _write_halving(self, runs: list[tuple[int, datetime, int]], named: dict[int, str]) -> bool:
+        """Write these rows' run times; if the database refuses the statement, each half of them, down to the row
+        it refuses, which is named once and left for later syncs (a few statements for one row among thousands,
+        not one a row).
 
         False if the database cannot be reached (nothing more tried: retried at the next sync).
         """
-        schedule = self.schedule
-        named = {schedule[name].model.pk: name for name in names if name in schedule}
-        for run in runs:
-            pk = run[0]
-            try:
-                write_run_times(self.Model, [run])
-            except DatabaseError as exc:
-                if _unreachable(exc):
-                    logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
-                    return False
-                if pk not in self._refused_rows:
-                    self._refused_rows.add(pk)
-                    logger.error(
-                        "zkbeat: the database refuses to write the run times of periodic task %r (#%s): %s; the "
-                        "other rows' are written without it (the ledger holds its runs)",
-                        named.get(pk, "?"), pk, exc.reason if isinstance(exc, RunTimesNotWritten) else exc,
-                    )  # fmt: skip
-            else:
-                self._refused_rows.discard(pk)
+        try:
+            write_run_times(self.Model, runs)
+        except DatabaseError as exc:
+            if _unreachable(exc):
+                logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
+                return False
+            if len(runs) > 1:
+                half = len(runs) // 2
+                return self._write_halving(runs[:half], named) and self._write_halving(runs[half:], named)
+            pk = runs[0][0]
+            if pk not in self._refused_rows:
+                self._refused_rows.add(pk)
+                logger.error(
+                    "zkbeat: the database refuses to write the run times of periodic task %r (#%s): %s; the "
+                    "other rows' are written without it (the ledger holds its runs)",
+                    named.get(pk, "?"), pk, exc.reason if isinstance(exc, RunTimesNotWritten) else exc,
+                )  # fmt: skip
+            return True
+        self._refused_rows.difference_update(run[0] for run in runs)
         return True
 
     def sync_at_close(self) -> Callable[[], None] | None:
