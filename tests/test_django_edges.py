@@ -356,6 +356,64 @@ def test_one_refused_row_among_many_is_found_in_a_few_statements_not_one_a_row(
     assert len(statements) <= 2 * 7 + 1, f"{len(statements)} statements for 65 rows: {statements}"
 
 
+@contextlib.contextmanager
+def refused_writes() -> Iterator[None]:
+    """The database refuses every UPDATE of the table, whatever the row (a trigger that raises; as a read-only
+    database refuses, under an error class that is not a connection's)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION zkbeat_test_refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'read only'; END $$ "
+            "LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER zkbeat_test_refuse BEFORE UPDATE ON django_celery_beat_periodictask "
+            "FOR EACH ROW EXECUTE FUNCTION zkbeat_test_refuse()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER zkbeat_test_refuse ON django_celery_beat_periodictask")
+            cursor.execute("DROP FUNCTION zkbeat_test_refuse()")
+
+
+def test_a_refusal_of_every_row_is_retried_at_the_next_sync_not_split_row_by_row(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a row's own fault (a constraint it breaks, a value it cannot hold) is looked for by halving: a refusal
+    of the whole write (a read-only database, a trigger, a revoked grant) splitting down to every row would cost two
+    statements and a log line a row, on beat's loop, and set every row apart. It is one statement, retried at the
+    next sync with every row still to write."""
+    import zkbeat.contrib.django as django_module
+    from tests.support.djangosupport import run_times
+
+    names = [f"row-{i:02d}" for i in range(16)]
+    for name in names:
+        interval_task(name, 1)
+    scheduler = make_scheduler()
+    lead(scheduler)
+    statements: list[int] = []
+    write = django_module.write_run_times
+
+    def counting(model, runs, *args, **kwargs):
+        statements.append(len(runs))
+        return write(model, runs, *args, **kwargs)
+
+    with refused_writes():
+        pump(scheduler, lambda: set(names) <= scheduler._dirty)
+        monkeypatch.setattr(django_module, "write_run_times", counting)
+        scheduler.sync()
+        assert statements == [len(names)], statements
+        assert set(names) <= scheduler._dirty, "every row is still to write"
+        assert not scheduler._refused_rows
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "run times" in r.getMessage()]
+    assert len(errors) == 1, caplog.text
+    scheduler.sync()  # the database takes writes again: every row's run times are written
+    assert all(run_times(name)[1] >= 1 for name in names)
+
+
 def test_a_row_with_an_empty_name_is_left_out_and_the_rest_run(
     make_scheduler, published: Published, caplog: pytest.LogCaptureFixture
 ) -> None:

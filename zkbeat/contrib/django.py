@@ -64,8 +64,8 @@ from typing import Any
 
 from celery import beat, schedules
 from celery.utils.time import maybe_make_aware
+from django.db import DataError, IntegrityError, close_old_connections, connections, router, transaction
 from django.db import Error as DatabaseError
-from django.db import InterfaceError, OperationalError, close_old_connections, connections, router, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils.timezone import now as django_now
 from django_celery_beat import schedulers
@@ -947,17 +947,20 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
             return
         close_old_connections()
         refused = self._refused_rows
+        together = [run for run in runs if run[0] not in refused]
         try:
-            write_run_times(self.Model, [run for run in runs if run[0] not in refused])
+            write_run_times(self.Model, together)
         except DatabaseError as exc:
-            if _unreachable(exc):
+            if not _one_rows(exc):
                 logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
                 return
-            # One row the database refuses (a constraint it breaks, a trigger) fails the statement of every row
-            # with it: the rows are written in halves, and halves of the half that fails, to tell which.
-            split = [runs[: len(runs) // 2], runs[len(runs) // 2 :]] if len(runs) > 1 else [runs]
+            # One row the database refuses (a constraint it breaks, a value it cannot hold) fails the statement of
+            # every row with it: the rows are written in halves, and halves of the half that fails, to tell which.
+            half = len(together) // 2
+            split = [together[:half], together[half:]] if len(together) > 1 else [together]
         else:
-            split = [[run] for run in runs if run[0] in refused]  # each refused row alone, once a sync
+            split = []
+        split += [[run] for run in runs if run[0] in refused]  # each refused row alone, once a sync
         schedule = self.schedule
         named = {schedule[name].model.pk: name for name in names if name in schedule}
         if not all(self._write_halving(part, named) for part in split if part):
@@ -974,7 +977,7 @@ class DatabaseScheduler(LeaderScheduleMixin, schedulers.DatabaseScheduler):
         try:
             write_run_times(self.Model, runs)
         except DatabaseError as exc:
-            if _unreachable(exc):
+            if not _one_rows(exc):
                 logger.error("zkbeat: cannot write run times to the database (%r); retrying at the next sync", exc)
                 return False
             if len(runs) > 1:
@@ -1104,10 +1107,14 @@ def copy_row(model: PeriodicTask) -> PeriodicTask:
     return clone
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Whether a failed write is the database's or the connection's (down, timed out), not one row's refusal."""
+def _one_rows(exc: BaseException) -> bool:
+    """Whether a failed write may be one row's fault: a constraint it breaks, a value it cannot hold.
+
+    Anything else (the connection down, a timeout, a read-only database, a trigger or a grant that refuses
+    every row) refuses the whole write: retried at the next sync, not split down to every row.
+    """
     cause = exc.cause if isinstance(exc, RunTimesNotWritten) else exc
-    return isinstance(cause, (OperationalError, InterfaceError))
+    return isinstance(cause, (IntegrityError, DataError))
 
 
 def _newer(moment: datetime, than: datetime) -> bool:
