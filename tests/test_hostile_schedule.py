@@ -151,14 +151,15 @@ def test_an_answer_whose_wait_is_past_any_float_leaves_the_other_entries_alone(
 
 @pytest.mark.parametrize("wait", [None, Decimal("NaN")], ids=["none", "decimal-nan"])
 def test_a_paused_entry_whose_due_answer_has_a_next_wait_that_is_no_float_leaves_the_term_alone(
-    make_scheduler, published: Published, caplog: pytest.LogCaptureFixture, wait: object
+    make_scheduler, zk_client: KazooClient, published: Published, caplog: pytest.LogCaptureFixture, wait: object
 ) -> None:
     """A paused entry's due tick is checked again within beat's max interval (the lesser of its wait and that):
     a wait that is no number (None, a Decimal NaN, which refuses ``<``) raised there, in every pass (the leader
     stepped down, every replica in turn). Such a wait is beat's max interval."""
     entries = {"odd": {"task": "zkbeat.test", "schedule": Answering(True, wait)}, "tidy": every(0.2)}
     scheduler = make_scheduler(entries)
-    controls.pause(scheduler.ledger.client, scheduler.zk_settings.root, "odd", "ops", scheduled=True, force=True)
+    # The operator's own connected client: the scheduler's connects in the background and may not be up yet.
+    controls.pause(zk_client, scheduler.zk_settings.root, "odd", "ops", scheduled=True, force=True)
     lead(scheduler)
     epoch = scheduler.election.epoch
     with caplog.at_level(logging.INFO, logger="zkbeat"):
