@@ -75,6 +75,14 @@ RETRY_DELAY = 1.0
 #: working until TCP gives up (minutes): past this a signal goes through at
 #: once. The claims it leaves unsent are pending and written back at close().
 SIGNAL_HOLD_LIMIT = 30.0
+#: Seconds (at most half the interval) an interval entry's publish may come
+#: after its slot and still count as on time: its successor goes on from the
+#: slot, so its ticks keep their grid. Counted from the moment the pass read
+#: the clock, every slot came that pass's lateness after the one before (the
+#: heap holds an entry until just past its due moment, and a pass takes
+#: time), period after period. Later than this, the entry goes on from the
+#: moment it ran, as Celery's own beat does.
+ON_TIME = 1.0
 #: Ticks claimed per fenced transaction within a pass: while one part's
 #: messages go out, the next part's claim is on its way to ZooKeeper. Small
 #: enough that a burst's first message waits for one part's claim, large
@@ -1105,13 +1113,17 @@ class Term:
             if decision.advance_to is not None:
                 next_entry.last_run_at = as_entry_time(next_entry, decision.advance_to)
                 next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
+            elif (on_time := _on_time(entry, slot, nominal_now)) is not None:
+                # An interval on time goes on from its slot (see ON_TIME), placed on the heap at its next slot,
+                # counted from the pass's reading as the heap's other times are.
+                next_entry.last_run_at = _in_zone_of_last_run(next_entry, slot)
+                next_from, next_delay = None, max(0.0, on_time - (now - slot).total_seconds())
             elif nominal_now != now and isinstance(entry.schedule, schedules.schedule):
                 next_from = None  # counts from the nominal moment, before reserve() read the clock: as before
                 # An interval counts from the last run, which reserve() sets to
                 # now: the jittered moment. Counting from it would move every
                 # next slot later by this slot's offset, period after period.
-                # Count from the nominal moment of this publish instead: the
-                # slot when on time, Celery's "go on from now" when late.
+                # Count from the nominal moment of this publish instead: Celery's "go on from now" when late.
                 next_entry.last_run_at = as_entry_time(next_entry, max(slot, nominal_now))
             last_run_at = maybe_make_aware(next_entry.last_run_at)
         except BaseException:
@@ -1200,6 +1212,22 @@ class Term:
         return is_due, next_time, time.monotonic() if own_clock else None
 
 
+def _on_time(entry: beat.ScheduleEntry, slot: datetime, nominal_now: datetime) -> float | None:
+    """The interval in seconds of an entry of Celery's own interval schedule that runs on time (``nominal_now``
+    at most ON_TIME, and half its interval, after ``slot``); None for any other entry or a late run.
+
+    Only Celery's own class, absolute: a relative interval rounds to its own
+    grid, a subclass may count its own way, and an interval of 0 never
+    moves on from its slot.
+    """
+    schedule = entry.schedule
+    if type(schedule) is not schedules.schedule or schedule.relative:
+        return None
+    seconds = schedule.run_every.total_seconds()
+    late = (nominal_now - slot).total_seconds()
+    return seconds if seconds > 0 and 0 <= late <= min(ON_TIME, seconds / 2) else None
+
+
 def _overdue_at(entry: beat.ScheduleEntry, slot: datetime, jitter: float) -> float:
     """When a tick planned for ``slot`` is one period late (epoch seconds): the metric "it did not fire"."""
     period = slot_after(entry, slot) - slot
@@ -1210,6 +1238,13 @@ def _paused(known: _Known | LedgerRecord | None) -> bool:
     """Whether ``known`` (what this term knew, or what the ledger holds now) is an entry's pause."""
     state = known.state if known is not None else None
     return state is not None and state.paused is not None
+
+
+def _in_zone_of_last_run(entry: beat.ScheduleEntry, moment: datetime) -> datetime:
+    """``moment`` in the zone of the entry's last run (reserve() just set it: the pass's reading, in the entry's
+    zone); as_entry_time, which asks the entry's clock, where that is naive or no time."""
+    zone = getattr(entry.last_run_at, "tzinfo", None)
+    return moment.astimezone(zone) if zone is not None else as_entry_time(entry, moment)
 
 
 def as_entry_time(entry: beat.ScheduleEntry, moment: datetime, zones: dict[tuple, Any] | None = None) -> datetime:
