@@ -176,6 +176,8 @@ class Term:
     #: The broker side (zkbeat.leading.publisher), made for the term.
     publisher: Publisher
     pending: dict[str, PendingClaim] = field(default_factory=dict)
+    #: The monotonic moment of the clock reading run() plans by (an on-time interval's next wait counts from it).
+    _planned_at: float = field(default=0.0, init=False)
     known: dict[str, _Known] = field(default_factory=dict)
     #: Monotonic time of each entry's last conflict, to back off a repeat.
     conflicted: dict[str, float] = field(default_factory=dict)
@@ -569,6 +571,7 @@ class Term:
         if not waiting:
             return requeue
         now = datetime.now(timezone.utc)
+        self._planned_at = time.monotonic()  # the moment of ``now``: an on-time interval's next slot counts from it
         ticks = []
         try:
             for due in waiting:
@@ -869,13 +872,13 @@ class Term:
             return True  # a run-now leaves the schedule alone, its run count included
         self.metrics.tick_settled(tick.name)
         self.schedule[tick.name] = tick.next_entry
-        delay, asked = (tick.due.next_time, tick.next_from) if tick.next_delay is None else (tick.next_delay, None)
+        delay = tick.due.next_time if tick.next_delay is None else tick.next_delay
         if tick.paused is not None:
             # Checked again within beat's max interval, not at its next run
             # (tomorrow, for a daily entry): a resume takes effect on this
             # leader as soon as it would on a new one.
             delay = min(delay, self.max_interval)
-        requeue.append(Requeue(tick.next_entry, tick.due.priority, delay, asked))
+        requeue.append(Requeue(tick.next_entry, tick.due.priority, delay, tick.next_from))
         return True
 
     def _interrupted(self, ticks: list[_Tick], result: ClaimResult) -> None:
@@ -1102,6 +1105,7 @@ class Term:
             updated_at=now,
         )
         next_entry = self.view.reserve(entry)
+        reserved_run = next_entry.last_run_at
         if isinstance(entry.schedule, schedules.schedule):  # an interval: from its successor's last run
             next_from = None if self.view.reserved_at_reading(next_entry) else time.monotonic()
         else:  # a crontab's, a solar's wait: from the moment its is_due answered
@@ -1112,12 +1116,16 @@ class Term:
             next_delay = None
             if decision.advance_to is not None:
                 next_entry.last_run_at = as_entry_time(next_entry, decision.advance_to)
-                next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
+                next_from, next_delay = (
+                    None,
+                    max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds()),
+                )
             elif (on_time := _on_time(entry, slot, nominal_now)) is not None:
-                # An interval on time goes on from its slot (see ON_TIME), placed on the heap at its next slot,
-                # counted from the pass's reading as the heap's other times are.
+                # An interval on time goes on from its slot (see ON_TIME), placed on the heap at its next slot:
+                # its wait counts from the moment ``now`` was read, not from the pass's reading (earlier by the
+                # scan and any ledger read, it would place the entry that much before its slot, asked in vain).
                 next_entry.last_run_at = _in_zone_of_last_run(next_entry, slot)
-                next_from, next_delay = None, max(0.0, on_time - (now - slot).total_seconds())
+                next_from, next_delay = self._planned_at, max(0.0, on_time - (now - slot).total_seconds())
             elif nominal_now != now and isinstance(entry.schedule, schedules.schedule):
                 next_from = None  # counts from the nominal moment, before reserve() read the clock: as before
                 # An interval counts from the last run, which reserve() sets to
@@ -1125,6 +1133,12 @@ class Term:
                 # next slot later by this slot's offset, period after period.
                 # Count from the nominal moment of this publish instead: Celery's "go on from now" when late.
                 next_entry.last_run_at = as_entry_time(next_entry, max(slot, nominal_now))
+            if (
+                next_entry.last_run_at is not reserved_run
+                and getattr(next_entry, "row_last_run_at", None) is reserved_run
+            ):
+                # A database row's entry (zkbeat.contrib.django) vouches for the run its row will hold: this one.
+                next_entry.row_last_run_at = next_entry.last_run_at
             last_run_at = maybe_make_aware(next_entry.last_run_at)
         except BaseException:
             if self.schedule.get(entry.name) is next_entry:
