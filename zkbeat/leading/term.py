@@ -80,9 +80,11 @@ SIGNAL_HOLD_LIMIT = 30.0
 #: slot, so its ticks keep their grid. Counted from the moment the pass read
 #: the clock, every slot came that pass's lateness after the one before (the
 #: heap holds an entry until just past its due moment, and a pass takes
-#: time), period after period. Later than this, the entry goes on from the
-#: moment it ran, as Celery's own beat does.
-ON_TIME = 1.0
+#: time), period after period. Later than this (a burst of thousands due at
+#: once, an overloaded leader), the entry goes on from the moment it ran, as
+#: Celery's own beat does: entries due together then spread over the rounds
+#: instead of all coming due together again, each round as late as the last.
+ON_TIME = 0.1
 #: Ticks claimed per fenced transaction within a pass: while one part's
 #: messages go out, the next part's claim is on its way to ZooKeeper. Small
 #: enough that a burst's first message waits for one part's claim, large
