@@ -20,7 +20,7 @@ import pytest
 from celery.schedules import schedule
 from celery.signals import before_task_publish
 
-from tests.support.helpers import Published, every, lead, wait_for
+from tests.support.helpers import Published, early_answers, every, lead, wait_for
 from zkbeat import Scheduler
 
 GRACE_COMPLAINT = "using zkbeat_misfire_grace_time instead"
@@ -186,43 +186,6 @@ def test_a_clock_of_its_own_is_timed_from_the_pass_only_when_its_host_named_its_
         clock.stop()
 
 
-def early_answers_over_150_publishes(
-    scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, answer_takes: float = 0.0
-) -> list[tuple[str, float]]:
-    """Run ``scheduler`` as beat runs it (a tick, then a sleep of what it returned) until 150 publishes; return
-    the "not yet" answers of entries its passes took off the heap (name, wait). ``answer_takes``: each is_due
-    answer takes that long, as a crontab's or a database row's does; the heap is built again under it."""
-    early: list[tuple[str, float]] = []
-    scanning = [False]
-    asked = scheduler.ask
-    scan = scheduler._scan
-
-    def scan_counted(heap):
-        scanning[0] = True
-        try:
-            return scan(heap)
-        finally:
-            scanning[0] = False
-
-    def asked_counted(entry):
-        answer = asked(entry)
-        if answer_takes:
-            time.sleep(answer_takes)
-        if scanning[0] and not answer[0]:
-            early.append((entry.name, answer[1]))
-        return answer
-
-    monkeypatch.setattr(scheduler, "_scan", scan_counted)
-    monkeypatch.setattr(scheduler, "ask", asked_counted)
-    if answer_takes:
-        scheduler.invalidate_heap()  # built again under the slow answers: its first placements count too
-    deadline = time.monotonic() + 30
-    while len(published.headers) < 150 and time.monotonic() < deadline:
-        time.sleep(min(scheduler.tick() or 0, 1.0))
-    assert len(published.headers) >= 150, "the entries were not published"
-    return early
-
-
 def test_beat_s_heap_wakes_a_leader_when_its_entries_are_due_not_just_before(
     make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,7 +196,7 @@ def test_beat_s_heap_wakes_a_leader_when_its_entries_are_due_not_just_before(
     names = [f"heap-{i:02d}" for i in range(30)]
     scheduler = make_scheduler({name: every(0.5) for name in names}, beat_max_loop_interval=1)
     lead(scheduler)
-    early = early_answers_over_150_publishes(scheduler, published, monkeypatch)
+    early = early_answers(scheduler, published, monkeypatch)
     assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"
 
 
@@ -262,7 +225,7 @@ def test_entries_the_pass_clock_does_not_answer_for_are_not_taken_off_the_heap_e
     names = [f"own-{i:02d}" for i in range(30)]
     scheduler = make_scheduler({name: every(0.5, schedule=kind()) for name in names}, beat_max_loop_interval=1)
     lead(scheduler)
-    early = early_answers_over_150_publishes(scheduler, published, monkeypatch, answer_takes=0.0002)
+    early = early_answers(scheduler, published, monkeypatch, answer_takes=0.0002)
     assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"
 
 
@@ -366,5 +329,5 @@ def test_interval_successors_a_subclass_s_reserve_made_are_not_taken_off_the_hea
     names = [f"reserved-{i:02d}" for i in range(30)]
     scheduler = make_scheduler({name: every(0.5) for name in names}, beat_max_loop_interval=1)
     lead(scheduler)
-    early = early_answers_over_150_publishes(scheduler, published, monkeypatch)
+    early = early_answers(scheduler, published, monkeypatch)
     assert early == [], f"{len(early)} entries taken off the heap before they were due, e.g. {early[:3]}"

@@ -209,3 +209,40 @@ class LogRecords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+def early_answers(
+    scheduler: Any, published: Published, monkeypatch: Any, answer_takes: float = 0.0, publishes: int = 150
+) -> list[tuple[str, float]]:
+    """Run ``scheduler`` as beat runs it (a tick, then a sleep of what it returned) until ``publishes`` publishes;
+    return the "not yet" answers of entries its passes took off the heap (name, wait). ``answer_takes``: each
+    is_due answer takes that long, as a crontab's or a database row's does; the heap is built again under it."""
+    early: list[tuple[str, float]] = []
+    scanning = [False]
+    asked = scheduler.ask
+    scan = scheduler._scan
+
+    def scan_counted(heap):
+        scanning[0] = True
+        try:
+            return scan(heap)
+        finally:
+            scanning[0] = False
+
+    def asked_counted(entry):
+        answer = asked(entry)
+        if answer_takes:
+            time.sleep(answer_takes)
+        if scanning[0] and not answer[0]:
+            early.append((entry.name, answer[1]))
+        return answer
+
+    monkeypatch.setattr(scheduler, "_scan", scan_counted)
+    monkeypatch.setattr(scheduler, "ask", asked_counted)
+    if answer_takes:
+        scheduler.invalidate_heap()  # built again under the slow answers: its first placements count too
+    deadline = time.monotonic() + 30
+    while len(published.headers) < publishes and time.monotonic() < deadline:
+        time.sleep(min(scheduler.tick() or 0, 1.0))
+    assert len(published.headers) >= publishes, "the entries were not published"
+    return early
