@@ -9,12 +9,15 @@ between two publishes was the interval plus that lateness.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
+import pytest
+from celery.schedules import schedule
 from celery.signals import after_task_publish
 
 from tests.support.helpers import Published, connected, every, lead, wait_for
-from zkbeat.leading.term import ON_TIME
+from zkbeat.leading.term import ON_TIME, Term, _on_time
 from zkbeat.ticking.jitter import offset
 
 
@@ -45,3 +48,50 @@ def test_an_interval_published_on_time_goes_on_from_its_slot(make_scheduler, pub
             assert after - before == timedelta(seconds=interval), f"{name}: {before} then {after}, {late:.4f}s late"
             checked += 1
         assert checked, f"{name}: no publish came on time to check: {slots}"
+
+
+class OwnInterval(schedule):
+    """An interval class of the user's own: it counts as Celery's does, from the moment the entry ran."""
+
+
+@pytest.mark.parametrize("kind", ["late", "own-class"])
+def test_an_interval_late_or_of_a_class_of_its_own_goes_on_from_the_moment_it_ran(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Late past ON_TIME (the term held up twice that before it plans: a burst, a ledger read), or of a schedule
+    class of the user's own: the next slot counts from the moment the pass that ran it read the clock, as celery
+    beat counts from its run, so each slot is more than an interval after the one before."""
+    interval = 1.0
+    held = 0.0
+    if kind == "late":
+        held = 2 * ON_TIME
+        original = Term._recheck_unknown
+
+        def slow(self, dues, requeue):
+            time.sleep(held)
+            return original(self, dues, requeue)
+
+        monkeypatch.setattr(Term, "_recheck_unknown", slow)
+        entry = every(interval)
+    else:
+        entry = every(interval, schedule=OwnInterval(timedelta(seconds=interval)))
+    scheduler = make_scheduler({"drift": entry})
+    lead(scheduler)
+    wait_for(lambda: scheduler.tick() is not None and published.count("drift") >= 4, timeout=30)
+    slots = [datetime.fromisoformat(slot) for _, slot, _ in published.of("drift")]
+    for before, after in zip(slots, slots[1:]):
+        assert after - before > timedelta(seconds=interval), f"{before} then {after}"
+
+
+def test_only_celerys_own_absolute_interval_keeps_its_grid() -> None:
+    """A relative interval rounds to its own grid; a class of the user's own may count its own way; an interval of
+    0 never moves on from its slot: none of them goes on from its slot."""
+    slot = datetime.now(timezone.utc)
+    kinds = {
+        "plain": schedule(timedelta(seconds=10)),
+        "relative": schedule(timedelta(seconds=10), relative=True),
+        "own class": OwnInterval(timedelta(seconds=10)),
+        "zero": schedule(timedelta(0)),
+    }
+    on_time = {name: _on_time(SimpleNamespace(schedule=s), slot, slot) for name, s in kinds.items()}
+    assert on_time == {"plain": 10.0, "relative": None, "own class": None, "zero": None}

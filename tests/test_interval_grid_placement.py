@@ -20,9 +20,11 @@ from zkbeat.leading import heap_pass
 from zkbeat.leading.term import ON_TIME, Term
 
 
+@pytest.mark.parametrize("options", [{}, {"zkbeat_catchup": "all"}], ids=["once", "catchup-all"])
 def test_an_on_time_interval_is_not_asked_before_its_next_slot(
-    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch, options: dict
 ) -> None:
+    """Catch-up 'all' goes on from its slot by a path of its own (the policy's advance), placed the same way."""
     original = Term._recheck_unknown
 
     def slow(self, dues, requeue):  # the time a burst's scan or a ledger read takes before the term reads its clock
@@ -30,7 +32,7 @@ def test_an_on_time_interval_is_not_asked_before_its_next_slot(
         return original(self, dues, requeue)
 
     monkeypatch.setattr(Term, "_recheck_unknown", slow)
-    scheduler = make_scheduler({"grid": every(1.0)})
+    scheduler = make_scheduler({"grid": every(1.0, options=options)})
     lead(scheduler)
     early = early_answers(scheduler, published, monkeypatch, publishes=5)
     assert heap_pass.HEAP_LAG < ON_TIME / 2

@@ -1118,15 +1118,17 @@ class Term:
             next_delay = None
             if decision.advance_to is not None:
                 next_entry.last_run_at = as_entry_time(next_entry, decision.advance_to)
-                next_from, next_delay = (
-                    None,
-                    max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds()),
-                )
-            elif (on_time := _on_time(entry, slot, nominal_now)) is not None:
+                # Counted from ``now``: from the moment it was read, as below.
+                next_from = self._planned_at
+                next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
+            elif (
+                getattr(reserved_run, "tzinfo", None) is not None  # naive: a frame of its own, left as it was
+                and (on_time := _on_time(entry, slot, nominal_now)) is not None
+            ):
                 # An interval on time goes on from its slot (see ON_TIME), placed on the heap at its next slot:
                 # its wait counts from the moment ``now`` was read, not from the pass's reading (earlier by the
                 # scan and any ledger read, it would place the entry that much before its slot, asked in vain).
-                next_entry.last_run_at = _in_zone_of_last_run(next_entry, slot)
+                next_entry.last_run_at = slot.astimezone(reserved_run.tzinfo)  # in the zone reserve() gave it
                 next_from, next_delay = self._planned_at, max(0.0, on_time - (now - slot).total_seconds())
             elif nominal_now != now and isinstance(entry.schedule, schedules.schedule):
                 next_from = None  # counts from the nominal moment, before reserve() read the clock: as before
@@ -1254,13 +1256,6 @@ def _paused(known: _Known | LedgerRecord | None) -> bool:
     """Whether ``known`` (what this term knew, or what the ledger holds now) is an entry's pause."""
     state = known.state if known is not None else None
     return state is not None and state.paused is not None
-
-
-def _in_zone_of_last_run(entry: beat.ScheduleEntry, moment: datetime) -> datetime:
-    """``moment`` in the zone of the entry's last run (reserve() just set it: the pass's reading, in the entry's
-    zone); as_entry_time, which asks the entry's clock, where that is naive or no time."""
-    zone = getattr(entry.last_run_at, "tzinfo", None)
-    return moment.astimezone(zone) if zone is not None else as_entry_time(entry, moment)
 
 
 def as_entry_time(entry: beat.ScheduleEntry, moment: datetime, zones: dict[tuple, Any] | None = None) -> datetime:
