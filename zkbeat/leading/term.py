@@ -1122,7 +1122,7 @@ class Term:
                 next_from = self._planned_at
                 next_delay = max(0.0, (slot_after(next_entry, decision.advance_to) - now).total_seconds())
             elif (
-                getattr(reserved_run, "tzinfo", None) is not None  # naive: a frame of its own, left as it was
+                _aware(reserved_run)  # naive: a frame of its own, left as it was
                 and (on_time := _on_time(entry, slot, nominal_now)) is not None
             ):
                 # An interval on time goes on from its slot (see ON_TIME), placed on the heap at its next slot:
@@ -1228,6 +1228,14 @@ class Term:
         """
         is_due, next_time, own_clock = self.view.ask(entry)
         return is_due, next_time, time.monotonic() if own_clock else None
+
+
+def _aware(moment: Any) -> bool:
+    """Whether ``moment`` is an aware datetime (a zone that gives its offset), as Python defines it."""
+    try:
+        return isinstance(moment, datetime) and moment.utcoffset() is not None
+    except Exception:  # noqa: BLE001 - a zone of the user's own that raises: not one to express a slot in
+        return False
 
 
 def _on_time(entry: beat.ScheduleEntry, slot: datetime, nominal_now: datetime) -> float | None:
