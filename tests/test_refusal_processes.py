@@ -25,7 +25,7 @@ from tests.support.helpers import wait_for
 from tests.support.processes import Cluster, Replica
 from tests.support.servers import RedisServer, ZooKeeperServer
 from tests.test_cli import APP, zkbeat
-from tests.test_log_lines import LOG_FORMAT, epoch_of, printed, table
+from tests.test_log_lines import LOG_FORMAT, epoch_of, lines, printed, table
 
 pytestmark = pytest.mark.processes
 
@@ -113,7 +113,9 @@ def test_a_leader_that_finds_a_newer_layout_hands_over_with_the_documented_line(
         lambda: next((line for line in printed(newer, row) if f"after {older.identity} (epoch {epoch}) left" in
                       line.message), None),
         timeout=60,
-        message=cluster.logs,
+        # The newer replica's takeover lines at any level first: its log's tail may have scrolled past them.
+        message=lambda: "\n".join(f"{line.level} {line.message}" for line in lines(newer)
+                                  if "became leader" in line.message) + "\n" + cluster.logs(),
     )  # fmt: skip
     assert took.logger == "zkbeat.events" and f"as {newer.identity} after" in took.message, took
     assert refused(older)
