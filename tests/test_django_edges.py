@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -325,21 +326,19 @@ def test_a_row_the_database_refuses_to_update_leaves_every_other_rows_run_times_
     assert not scheduler._refused_rows
 
 
-def test_one_refused_row_among_many_is_found_in_a_few_statements_not_one_a_row(
-    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The statement that one refused row fails is written again in halves, down to that row: a sync of a
-    minute's thousands of rows after a constraint the row breaks takes a few statements more, not one per row
-    (on beat's loop, which the watchdog times)."""
-    import zkbeat.contrib.django as django_module
-    from tests.support.djangosupport import run_times
+def leader_counting_writes(make_scheduler, monkeypatch: pytest.MonkeyPatch, names: list[str]) -> tuple[Any, list[int]]:
+    """A leading DatabaseScheduler of a row every second for each name, and the rows in each run-time write it makes.
 
-    names = [f"row-{i:02d}" for i in range(64)]
+    The loop's own sync waits beat's sync_every (3 min) from here: the rows may come dirty over several passes,
+    and the first of them would sync only those. The sync each test makes is of every row.
+    """
+    import zkbeat.contrib.django as django_module
+
     for name in names:
         interval_task(name, 1)
-    interval_task("refused", 1)
     scheduler = make_scheduler()
     lead(scheduler)
+    scheduler._last_sync = time.monotonic()
     statements: list[int] = []
     write = django_module.write_run_times
 
@@ -347,9 +346,22 @@ def test_one_refused_row_among_many_is_found_in_a_few_statements_not_one_a_row(
         statements.append(len(runs))
         return write(model, runs, *args, **kwargs)
 
+    monkeypatch.setattr(django_module, "write_run_times", counting)
+    return scheduler, statements
+
+
+def test_one_refused_row_among_many_is_found_in_a_few_statements_not_one_a_row(
+    make_scheduler, published: Published, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement that one refused row fails is written again in halves, down to that row: a sync of a
+    minute's thousands of rows after a constraint the row breaks takes a few statements more, not one per row
+    (on beat's loop, which the watchdog times)."""
+    from tests.support.djangosupport import run_times
+
+    names = [f"row-{i:02d}" for i in range(64)]
+    scheduler, statements = leader_counting_writes(make_scheduler, monkeypatch, [*names, "refused"])
     with refused_updates("refused"):
         pump(scheduler, lambda: {*names, "refused"} <= scheduler._dirty)
-        monkeypatch.setattr(django_module, "write_run_times", counting)
         scheduler.sync()
         assert all(run_times(name)[1] >= 1 for name in names), "every other row's run times are written"
         assert run_times("refused") == (None, 0)
@@ -387,27 +399,12 @@ def test_a_refusal_of_every_row_is_retried_at_the_next_sync_not_split_row_by_row
     of the whole write (a read-only database, a trigger, a revoked grant) splitting down to every row would cost two
     statements and a log line a row, on beat's loop, and set every row apart. It is one statement, retried at the
     next sync with every row still to write."""
-    import zkbeat.contrib.django as django_module
     from tests.support.djangosupport import run_times
 
     names = [f"row-{i:02d}" for i in range(16)]
-    for name in names:
-        interval_task(name, 1)
-    scheduler = make_scheduler()
-    lead(scheduler)
-    statements: list[int] = []
-    write = django_module.write_run_times
-
-    def counting(model, runs, *args, **kwargs):
-        statements.append(len(runs))
-        return write(model, runs, *args, **kwargs)
-
-    # The loop's own sync waits beat's sync_every (3 min) from here: the rows may come dirty over several passes,
-    # and the first of them would sync only those. The sync the test makes is of every row.
-    scheduler._last_sync = time.monotonic()
+    scheduler, statements = leader_counting_writes(make_scheduler, monkeypatch, names)
     with refused_writes():
         pump(scheduler, lambda: set(names) <= scheduler._dirty)
-        monkeypatch.setattr(django_module, "write_run_times", counting)
         scheduler.sync()
         assert statements == [len(names)], statements
         assert set(names) <= scheduler._dirty, "every row is still to write"
